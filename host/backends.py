@@ -1,0 +1,287 @@
+"""Decode backends and the one-image decode API.
+
+A backend turns the bytes of one file into an (H, W, 3) uint8 RGB array equal to
+``PIL.Image.open(f).convert("RGB")``, or raises:
+
+- :class:`~dlbooster.errors.FallbackError` when it cannot take the input (outside the
+  hardware profile, or a stream fault the hardware flags); the CPU path then decodes it;
+- :class:`~dlbooster.errors.DecodeError` when the input is not decodable at all.
+
+Backends here: ``cpu`` (libjpeg-turbo through simplejpeg where that is proven identical
+to Pillow, else Pillow itself) and ``model`` (the reference model of the decoder lane).
+``auto`` picks a present board, else ``cpu``; the choice is logged.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import logging
+import os
+import warnings
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from . import jpeg
+from . import model as reference
+from .errors import DecodeError, FallbackError
+
+__all__ = [
+    "BACKENDS",
+    "CpuBackend",
+    "DecodeResult",
+    "ModelBackend",
+    "decode",
+    "decode_result",
+    "get_backend",
+]
+
+log = logging.getLogger("dlbooster")
+
+try:
+    import simplejpeg
+except ImportError:  # pragma: no cover - simplejpeg is a declared dependency
+    simplejpeg = None
+
+
+def _simplejpeg_safe(info: jpeg.JpegInfo) -> bool:
+    """True when simplejpeg's libjpeg-turbo decode is known to equal Pillow's.
+
+    Both bundle libjpeg-turbo with the same defaults (ISLOW, fancy upsampling); they can
+    differ only where Pillow's own Python header parser decides differently (colour
+    modes, short APP segments, MPO, the decompression-bomb limit). simplejpeg runs in
+    strict mode, so any libjpeg warning (corrupt data) sends the file to Pillow.
+    """
+    frame = info.frame
+    return (
+        frame is not None
+        and info.error is None
+        and info.pillow_error is None
+        and not info.mpf
+        and not info.junk_bytes
+        and info.eoi >= 0
+        and frame.sof in (0, 1, 2)
+        and frame.precision == 8
+        and info.color_space in ("gray", "ycbcr")
+        and 0 < frame.width * frame.height <= jpeg.PILLOW_MAX_PIXELS
+    )
+
+
+class CpuBackend:
+    """Decode on the host CPU, identical to Pillow by construction.
+
+    JPEGs that :func:`_simplejpeg_safe` admits go through simplejpeg (libjpeg-turbo,
+    ~1.4x Pillow's images/s, see docs/benchmarks.md); everything else, including
+    non-JPEG content, goes through ``PIL.Image.open(...).convert("RGB")``.
+    """
+
+    name = "cpu"
+
+    def decode(self, data: bytes, info: jpeg.JpegInfo | None = None) -> np.ndarray:
+        """Decode one file.
+
+        Returns:
+            (H, W, 3) uint8 array.
+
+        Raises:
+            DecodeError: Pillow cannot decode the input (reason ``undecodable``, detail
+                names Pillow's exception).
+        """
+        if simplejpeg is not None:
+            if info is None:
+                info = jpeg.parse(data)
+            if _simplejpeg_safe(info):
+                try:
+                    return simplejpeg.decode_jpeg(data, colorspace="rgb", strict=True)
+                except ValueError:
+                    pass  # a libjpeg warning or error: let Pillow decide
+        return decode_pillow(data)
+
+
+def decode_pillow(data: bytes) -> np.ndarray:
+    """The reference: ``np.asarray(PIL.Image.open(f).convert("RGB"))``.
+
+    Raises:
+        DecodeError: whatever Pillow raises, as reason ``undecodable``.
+    """
+    from PIL import Image
+
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            with Image.open(io.BytesIO(data)) as im:
+                return np.asarray(im.convert("RGB"))
+    except Exception as exc:  # Pillow raises many types (OSError, SyntaxError, ...)
+        raise DecodeError("undecodable", f"Pillow: {type(exc).__name__}: {exc}") from exc
+
+
+class ModelBackend:
+    """The reference model of the decoder lane (:mod:`dlbooster.model`).
+
+    Args:
+        max_width: line-buffer width of the modelled lane, in pixels.
+    """
+
+    name = "model"
+
+    def __init__(self, max_width: int = jpeg.DEFAULT_MAX_WIDTH):
+        self.max_width = max_width
+
+    def decode(self, data: bytes, info: jpeg.JpegInfo | None = None) -> np.ndarray:
+        """Decode one file through the model.
+
+        Raises:
+            Unsupported: outside the hardware profile.
+            Malformed: a stream fault the hardware flags.
+        """
+        return self.decode_stages(data, info).rgb
+
+    def decode_stages(self, data: bytes, info: jpeg.JpegInfo | None = None) -> reference.ModelOutput:
+        """Like :meth:`decode`, returning every stage of the model."""
+        return reference.decode(data, info=info, max_width=self.max_width)
+
+
+#: Backend names accepted by :func:`get_backend`.
+BACKENDS = ("auto", "cpu", "model")
+
+
+def get_backend(name: str = "auto", **options: Any):
+    """Return a backend instance by name.
+
+    Args:
+        name: one of :data:`BACKENDS`. ``auto`` takes a board when one is present, else
+            ``cpu``, and logs its choice.
+        options: backend options (``max_width`` for ``model``).
+
+    Raises:
+        ValueError: unknown name.
+    """
+    if name == "auto":
+        log.info("backend auto: no decoder board found, using cpu")
+        return CpuBackend()
+    if name == "cpu":
+        return CpuBackend()
+    if name == "model":
+        return ModelBackend(**options)
+    raise ValueError(f"unknown backend {name!r}; choose from {', '.join(BACKENDS)}")
+
+
+@dataclass
+class DecodeResult:
+    """Outcome of one input.
+
+    Attributes:
+        path: the input's name.
+        status: ``ok`` (the requested backend decoded it), ``fallback`` (the CPU path
+            did, because the requested backend could not) or ``error``.
+        backend: the backend that produced the pixels, None on error.
+        reason: why the requested backend declined or why decoding failed; None if ok.
+        detail: human readable detail of ``reason``.
+        image: (H, W, 3) uint8, None on error.
+        extra: backend figures (``symbols`` for the model).
+    """
+
+    path: str
+    status: str
+    backend: str | None
+    reason: str | None
+    detail: str = ""
+    image: np.ndarray | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def width(self) -> int | None:
+        return None if self.image is None else int(self.image.shape[1])
+
+    @property
+    def height(self) -> int | None:
+        return None if self.image is None else int(self.image.shape[0])
+
+    @property
+    def sha256(self) -> str | None:
+        """Hex SHA-256 of the H*W*3 C-order RGB bytes."""
+        if self.image is None:
+            return None
+        return hashlib.sha256(np.ascontiguousarray(self.image).data).hexdigest()
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "path": self.path,
+            "status": self.status,
+            "backend": self.backend,
+            "reason": self.reason,
+            "width": self.width,
+            "height": self.height,
+            "sha256": self.sha256,
+            **self.extra,
+        }
+
+
+def _read(source: str | os.PathLike | bytes | bytearray | memoryview) -> tuple[bytes, str]:
+    if isinstance(source, (bytes, bytearray, memoryview)):
+        return bytes(source), "<bytes>"
+    path = os.fspath(source)
+    try:
+        with open(path, "rb") as f:
+            return f.read(), path
+    except OSError as exc:
+        raise DecodeError("unreadable", f"{type(exc).__name__}: {exc.strerror}", path) from exc
+
+
+def decode_result(source, backend="auto", *, cpu: CpuBackend | None = None) -> DecodeResult:
+    """Decode one input with a backend, falling back to the CPU path when it declines.
+
+    Args:
+        source: a path or the file's bytes.
+        backend: a backend name or instance.
+        cpu: the CPU backend to fall back on (a fresh one if None).
+
+    Returns:
+        DecodeResult; never raises for bad input.
+    """
+    if isinstance(backend, str):
+        backend = get_backend(backend)
+    try:
+        data, name = _read(source)
+    except DecodeError as exc:
+        return DecodeResult(exc.source, "error", None, exc.reason, exc.detail)
+    info = jpeg.parse(data)
+    try:
+        if isinstance(backend, ModelBackend):
+            stages = backend.decode_stages(data, info)
+            return DecodeResult(name, "ok", backend.name, None, image=stages.rgb,
+                                extra={"symbols": stages.symbols})
+        return DecodeResult(name, "ok", backend.name, None, image=backend.decode(data, info))
+    except FallbackError as declined:
+        fallback = cpu or CpuBackend()
+        try:
+            image = fallback.decode(data, info)
+        except DecodeError as exc:
+            return DecodeResult(name, "error", None, exc.reason, exc.detail)
+        return DecodeResult(name, "fallback", fallback.name, declined.reason, declined.detail, image)
+    except DecodeError as exc:
+        return DecodeResult(name, "error", None, exc.reason, exc.detail)
+
+
+def decode(source, backend: str = "auto") -> np.ndarray:
+    """Decode one image to RGB exactly as ``PIL.Image.open(f).convert("RGB")``.
+
+    Args:
+        source: a path (str or PathLike) or the file's bytes.
+        backend: ``auto``, ``cpu`` or ``model``; inputs the backend declines are
+            decoded by the CPU path.
+
+    Returns:
+        (H, W, 3) uint8 numpy array.
+
+    Raises:
+        DecodeError: the input cannot be read or decoded; ``str(err)`` names the input
+            and the reason.
+    """
+    result = decode_result(source, backend)
+    if result.status == "error":
+        raise DecodeError(result.reason, result.detail, result.path)
+    return result.image
+

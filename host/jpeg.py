@@ -1,0 +1,516 @@
+"""JPEG structure parser and hardware-profile classifier.
+
+:func:`parse` walks the marker segments of a JPEG byte string (ITU-T T.81 Annex B: SOI,
+APPn, COM, DQT, DHT, SOF0..SOF15, DRI, SOS, RSTn, DNL, EOI) and returns a
+:class:`JpegInfo`. It locates the entropy-coded segment of every scan and counts its RSTn
+markers, but never decodes entropy-coded data. It never raises on any byte string:
+structural faults are recorded in :attr:`JpegInfo.error`.
+
+:func:`classify` checks a parsed file against the hardware profile of SPEC.md section 2
+and returns ``None`` (hardware-decodable) or a fallback reason code. The checks follow
+what libjpeg-turbo (as bundled by Pillow) would do with the same headers, and err on the
+side of sending odd files to the CPU path: a fallback costs time, never correctness.
+
+Reason codes returned by :func:`classify`:
+
+``not-jpeg``, ``malformed-header``, ``no-frame``, ``no-scan``, ``hierarchical``,
+``lossless``, ``arithmetic``, ``progressive``, ``precision``, ``components``,
+``color-transform``, ``sampling``, ``non-interleaved``, ``multi-scan``, ``dnl``,
+``missing-table``, ``bad-table``, ``width``, ``too-large``, ``after-scan``, ``mpo`` (an
+APP2 MPF segment: Pillow opens the file as a multi-picture object), ``junk`` (bytes
+between marker segments: corrupt data that libjpeg-turbo skips with a warning).
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+
+import numpy as np
+
+__all__ = [
+    "ZIGZAG",
+    "Component",
+    "Frame",
+    "Scan",
+    "HuffmanTable",
+    "JpegInfo",
+    "parse",
+    "classify",
+    "DEFAULT_MAX_WIDTH",
+    "PILLOW_MAX_PIXELS",
+    "HARDWARE_SAMPLINGS",
+]
+
+#: Natural (row-major) index of the k-th coefficient in zigzag order (T.81 Figure A.6).
+ZIGZAG = np.array(
+    [0, 1, 8, 16, 9, 2, 3, 10, 17, 24, 32, 25, 18, 11, 4, 5,
+     12, 19, 26, 33, 40, 48, 41, 34, 27, 20, 13, 6, 7, 14, 21, 28,
+     35, 42, 49, 56, 57, 50, 43, 36, 29, 22, 15, 23, 30, 37, 44, 51,
+     58, 59, 52, 45, 38, 31, 39, 46, 53, 60, 61, 54, 47, 55, 62, 63],
+    dtype=np.int64,
+)
+
+#: Default line-buffer width of a decoder lane, in pixels.
+DEFAULT_MAX_WIDTH = 8192
+
+#: Pillow raises ``DecompressionBombError`` above twice ``Image.MAX_IMAGE_PIXELS``
+#: (89,478,485 in Pillow 13, ``PIL/Image.py``); a decoder must fail there too.
+PILLOW_MAX_PIXELS = 2 * 89_478_485
+
+#: Luma (h, v) sampling factors the hardware takes, with chroma 1x1 (SPEC.md section 2).
+HARDWARE_SAMPLINGS = {(1, 1): "4:4:4", (2, 1): "4:2:2", (1, 2): "4:4:0", (2, 2): "4:2:0"}
+
+# JPEG_MAX_DIMENSION in libjpeg-turbo's jmorecfg.h: larger frames are rejected.
+_JPEG_MAX_DIMENSION = 65500
+
+_SOF_MARKERS = frozenset(range(0xC0, 0xD0)) - {0xC4, 0xC8, 0xCC}
+_RST_MARKERS = frozenset(range(0xD0, 0xD8))
+# A marker inside entropy-coded data: 0xFF, optional fill 0xFF bytes, then a code that is
+# neither 0x00 (stuffing, T.81 F.1.2.3) nor 0xFF.
+_MARKER_RE = re.compile(rb"\xff+[\x01-\xfe]")
+
+
+@dataclass(frozen=True, slots=True)
+class Component:
+    """One frame component (T.81 B.2.2): identifier, sampling factors, quantiser slot."""
+
+    id: int
+    h: int
+    v: int
+    tq: int
+
+
+@dataclass(frozen=True, slots=True)
+class Frame:
+    """Frame header: ``sof`` is the marker's low nibble (0 = SOF0 ... 15 = SOF15)."""
+
+    sof: int
+    precision: int
+    height: int
+    width: int
+    components: tuple[Component, ...]
+
+    @property
+    def hmax(self) -> int:
+        return max(c.h for c in self.components)
+
+    @property
+    def vmax(self) -> int:
+        return max(c.v for c in self.components)
+
+
+@dataclass(frozen=True, slots=True)
+class HuffmanTable:
+    """A DHT table: ``counts[i]`` codes of length ``i + 1`` bits, then the symbols."""
+
+    counts: tuple[int, ...]
+    symbols: bytes
+
+    def check(self, is_dc: bool) -> str | None:
+        """Return why libjpeg-turbo's ``jpeg_make_d_derived_tbl`` rejects it, or None."""
+        code = 0
+        k = 0
+        for length, count in enumerate(self.counts, start=1):
+            code += count
+            if code > (1 << length):
+                return "Huffman code space overflows"
+            code <<= 1
+            k += count
+        if is_dc and any(s > 15 for s in self.symbols):
+            return "DC symbol above 15"
+        return None
+
+
+@dataclass(slots=True)
+class Scan:
+    """One scan: SOS parameters, the tables in effect at SOS, and its coded bytes.
+
+    ``components`` holds ``(frame_index, td, ta)`` per scan component. For sequential
+    frames libjpeg-turbo ignores ``ss``, ``se``, ``ah`` and ``al`` (it only warns), and so
+    does the hardware.
+    ``data_start``/``data_end`` delimit the entropy-coded segment, RSTn markers
+    included; ``data_end`` is the offset of the first other marker (or the end of the
+    input). ``restarts`` counts the RSTn markers in it.
+    """
+
+    components: tuple[tuple[int, int, int], ...]
+    ss: int
+    se: int
+    ah: int
+    al: int
+    restart_interval: int
+    qtables: dict[int, np.ndarray]
+    dc_tables: dict[int, HuffmanTable]
+    ac_tables: dict[int, HuffmanTable]
+    data_start: int
+    data_end: int = -1
+    restarts: int = 0
+
+
+@dataclass(slots=True)
+class JpegInfo:
+    """What :func:`parse` found.
+
+    Attributes:
+        size: length of the input in bytes.
+        frame: the frame header, or None.
+        scans: scans in file order.
+        markers: ``(marker, offset)`` of every marker segment outside entropy data.
+        jfif: an APP0 JFIF segment was seen (libjpeg-turbo ``examine_app0``).
+        adobe_transform: the APP14 Adobe transform flag, or None without one.
+        eoi: offset of EOI, or -1 if the input ends first.
+        junk_bytes: bytes skipped between marker segments (libjpeg-turbo warns, decodes).
+        error: first structural fault (marker, length or table syntax), or None.
+        error_offset: byte offset of that fault, or -1.
+    """
+
+    size: int
+    frame: Frame | None = None
+    scans: list[Scan] = field(default_factory=list)
+    markers: list[tuple[int, int]] = field(default_factory=list)
+    jfif: bool = False
+    adobe_transform: int | None = None
+    eoi: int = -1
+    error: str | None = None
+    error_offset: int = -1
+    not_jpeg: bool = False
+    junk_bytes: int = 0
+    dnl: bool = False
+    mpf: bool = False
+    pillow_error: str | None = None
+    icc_segments: list[bytes] = field(default_factory=list)
+
+    @property
+    def trailing(self) -> int:
+        """Bytes after EOI (0 when there is no EOI)."""
+        return self.size - self.eoi - 2 if self.eoi >= 0 else 0
+
+    @property
+    def color_space(self) -> str:
+        """libjpeg-turbo's guess of the coded colour space (``jdapimin.c``
+        ``default_decompress_parms``): gray, ycbcr, rgb, cmyk, ycck or unknown."""
+        frame = self.frame
+        if frame is None:
+            return "unknown"
+        n = len(frame.components)
+        if n == 1:
+            return "gray"
+        if n == 3:
+            if self.jfif:
+                return "ycbcr"
+            if self.adobe_transform is not None:
+                return "rgb" if self.adobe_transform == 0 else "ycbcr"
+            ids = tuple(c.id for c in frame.components)
+            return "rgb" if ids == (82, 71, 66) else "ycbcr"
+        if n == 4:
+            return "ycck" if self.adobe_transform == 2 else "cmyk"
+        return "unknown"
+
+    @property
+    def subsampling(self) -> str:
+        """``gray``, ``4:4:4``, ``4:2:2``, ``4:4:0``, ``4:2:0`` or ``other``."""
+        frame = self.frame
+        if frame is None:
+            return "other"
+        if len(frame.components) == 1:
+            return "gray"
+        luma, *chroma = frame.components
+        if len(frame.components) != 3 or any((c.h, c.v) != (1, 1) for c in chroma):
+            return "other"
+        return HARDWARE_SAMPLINGS.get((luma.h, luma.v), "other")
+
+
+def _fail(info: JpegInfo, message: str, offset: int) -> JpegInfo:
+    info.error = message
+    info.error_offset = offset
+    return info
+
+
+def _end_of_entropy_data(data: bytes, start: int) -> tuple[int, int]:
+    """Return (offset of the first non-RST marker at or after ``start``, RSTn count)."""
+    restarts = 0
+    for m in _MARKER_RE.finditer(data, start):
+        if data[m.end() - 1] in _RST_MARKERS:
+            restarts += 1
+            continue
+        return m.end() - 2, restarts
+    return len(data), restarts
+
+
+def parse(data: bytes) -> JpegInfo:
+    """Parse the marker structure of a JPEG file.
+
+    Args:
+        data: the whole file (bytes, bytearray or memoryview).
+
+    Returns:
+        JpegInfo. Never raises for any content; faults are in ``info.error``
+        (``info.not_jpeg`` when the input does not start with SOI and a marker, which
+        is Pillow's own test, ``JpegImagePlugin._accept``).
+    """
+    data = bytes(data)
+    n = len(data)
+    info = JpegInfo(size=n)
+    if n < 3 or data[0] != 0xFF or data[1] != 0xD8 or data[2] != 0xFF:
+        info.not_jpeg = True
+        return _fail(info, "no SOI marker", 0)
+    qtables: dict[int, np.ndarray] = {}
+    dc_tables: dict[int, HuffmanTable] = {}
+    ac_tables: dict[int, HuffmanTable] = {}
+    restart_interval = 0
+    pos = 2
+    while True:
+        if pos >= n:
+            return info
+        # Skip junk up to the next marker as libjpeg-turbo's next_marker() and Pillow's
+        # parser both do: non-FF bytes, fill bytes (T.81 B.1.1.2) and FF 00 pairs.
+        while pos < n:
+            if data[pos] != 0xFF:
+                info.junk_bytes += 1
+                pos += 1
+            elif pos + 1 < n and data[pos + 1] == 0xFF:
+                pos += 1
+            elif pos + 1 < n and data[pos + 1] == 0x00:
+                info.junk_bytes += 2
+                pos += 2
+            else:
+                break
+        if pos + 1 >= n:
+            return info
+        marker = data[pos + 1]
+        offset = pos
+        info.markers.append((marker, offset))
+        pos += 2
+        if marker == 0xD9:
+            info.eoi = offset
+            return info
+        if marker in _RST_MARKERS or marker in (0x00, 0x01, 0xD8) or marker < 0xC0:
+            return _fail(info, f"unexpected marker 0xFF{marker:02X}", offset)
+        if pos + 2 > n:
+            return _fail(info, "truncated marker segment", offset)
+        length = (data[pos] << 8) | data[pos + 1]
+        if length < 2 or pos + length > n:
+            return _fail(info, f"bad length of segment 0xFF{marker:02X}", offset)
+        body = data[pos + 2 : pos + length]
+        pos += length
+        if 0xE0 <= marker <= 0xEF:
+            _parse_app(info, marker, body)
+        elif marker == 0xFE:
+            pass
+        elif marker == 0xDB:
+            error = _parse_dqt(body, qtables)
+            if error:
+                return _fail(info, error, offset)
+        elif marker == 0xC4:
+            error = _parse_dht(body, dc_tables, ac_tables)
+            if error:
+                return _fail(info, error, offset)
+        elif marker == 0xDD:
+            if len(body) != 2:
+                return _fail(info, "bad DRI length", offset)
+            restart_interval = (body[0] << 8) | body[1]
+        elif marker in _SOF_MARKERS:
+            if info.frame is not None:
+                return _fail(info, "second frame header", offset)
+            _check_icc(info)
+            frame = _parse_sof(marker & 0x0F, body)
+            if frame is None:
+                return _fail(info, "bad frame header", offset)
+            info.frame = frame
+        elif marker == 0xDA:
+            if info.frame is None:
+                return _fail(info, "SOS before SOF", offset)
+            scan = _parse_sos(body, info.frame, restart_interval, qtables, dc_tables, ac_tables, pos)
+            if scan is None:
+                return _fail(info, "bad scan header", offset)
+            scan.data_end, scan.restarts = _end_of_entropy_data(data, pos)
+            info.scans.append(scan)
+            pos = scan.data_end
+        elif marker == 0xDC:
+            info.dnl = True
+        elif marker == 0xCC:
+            pass  # DAC: arithmetic conditioning; the frame type already says arithmetic
+        else:
+            return _fail(info, f"unsupported marker 0xFF{marker:02X}", offset)
+
+
+def _parse_app(info: JpegInfo, marker: int, body: bytes) -> None:
+    # libjpeg-turbo jdmarker.c examine_app0/examine_app14 decide the colour space;
+    # Pillow's JpegImagePlugin.APP reads fixed offsets and fails on short segments.
+    if marker == 0xE0 and body[:4] == b"JFIF":
+        info.jfif = info.jfif or (len(body) >= 14 and body[4] == 0)
+        if len(body) < 7:
+            info.pillow_error = info.pillow_error or "short JFIF APP0"
+    elif marker == 0xEE and body[:5] == b"Adobe":
+        if len(body) >= 12:
+            info.adobe_transform = body[11]
+        if len(body) < 7:
+            info.pillow_error = info.pillow_error or "short Adobe APP14"
+    elif marker == 0xE2 and body[:12] == b"ICC_PROFILE\x00":
+        info.icc_segments.append(body)
+    elif marker == 0xE2 and body[:4] == b"MPF\x00":
+        info.mpf = True
+
+
+def _check_icc(info: JpegInfo) -> None:
+    # Pillow's SOF handler reads byte 13 of the first ICC segment (sorted) seen so far.
+    if info.icc_segments and len(min(info.icc_segments)) < 14:
+        info.pillow_error = info.pillow_error or "short ICC_PROFILE APP2"
+    info.icc_segments = []
+
+
+def _parse_dqt(body: bytes, qtables: dict[int, np.ndarray]) -> str | None:
+    i = 0
+    while i < len(body):
+        pq, tq = body[i] >> 4, body[i] & 0x0F
+        if pq > 1 or tq > 3:
+            return "bad DQT precision or index"
+        size = 64 * (pq + 1)
+        if i + 1 + size > len(body):
+            return "truncated DQT"
+        raw = np.frombuffer(body, dtype=">u2" if pq else np.uint8, count=64, offset=i + 1)
+        table = np.empty(64, dtype=np.int64)
+        table[ZIGZAG] = raw
+        qtables[tq] = table
+        i += 1 + size
+    return None
+
+
+def _parse_dht(body: bytes, dc: dict[int, HuffmanTable], ac: dict[int, HuffmanTable]) -> str | None:
+    i = 0
+    while i < len(body):
+        tc, th = body[i] >> 4, body[i] & 0x0F
+        if tc > 1 or th > 3 or i + 17 > len(body):
+            return "bad DHT class, index or length"
+        counts = tuple(body[i + 1 : i + 17])
+        total = sum(counts)
+        if total > 256 or i + 17 + total > len(body):
+            return "bad DHT symbol count"
+        table = HuffmanTable(counts, bytes(body[i + 17 : i + 17 + total]))
+        (ac if tc else dc)[th] = table
+        i += 17 + total
+    return None
+
+
+def _parse_sof(sof: int, body: bytes) -> Frame | None:
+    if len(body) < 6:
+        return None
+    nf = body[5]
+    if nf == 0 or len(body) != 6 + 3 * nf:
+        return None
+    comps = tuple(
+        Component(body[6 + 3 * k], body[7 + 3 * k] >> 4, body[7 + 3 * k] & 0x0F, body[8 + 3 * k])
+        for k in range(nf)
+    )
+    height = (body[1] << 8) | body[2]
+    width = (body[3] << 8) | body[4]
+    return Frame(sof, body[0], height, width, comps)
+
+
+def _parse_sos(body, frame, restart_interval, qtables, dc_tables, ac_tables, data_start) -> Scan | None:
+    if not body:
+        return None
+    ns = body[0]
+    if ns < 1 or ns > 4 or len(body) != 4 + 2 * ns:
+        return None
+    ids = [c.id for c in frame.components]
+    comps = []
+    for k in range(ns):
+        cs, tables = body[1 + 2 * k], body[2 + 2 * k]
+        if cs not in ids:
+            return None
+        index = ids.index(cs)
+        if any(index == c[0] for c in comps):
+            return None
+        comps.append((index, tables >> 4, tables & 0x0F))
+    ss, se, a = body[1 + 2 * ns], body[2 + 2 * ns], body[3 + 2 * ns]
+    return Scan(
+        tuple(comps), ss, se, a >> 4, a & 0x0F, restart_interval,
+        dict(qtables), dict(dc_tables), dict(ac_tables), data_start,
+    )
+
+
+def classify(
+    info: JpegInfo,
+    *,
+    max_width: int = DEFAULT_MAX_WIDTH,
+    max_pixels: int = PILLOW_MAX_PIXELS,
+) -> str | None:
+    """Check a parsed file against the hardware profile (SPEC.md section 2).
+
+    Args:
+        info: the result of :func:`parse`.
+        max_width: widest frame the decoder lane takes, in pixels.
+        max_pixels: frames with more pixels go to the CPU path (which raises there,
+            like Pillow).
+
+    Returns:
+        None when the file is hardware-decodable, else a reason code (module doc).
+    """
+    if info.not_jpeg:
+        return "not-jpeg"
+    frame = info.frame
+    if frame is not None:
+        # The frame type decides even if later segments are damaged.
+        sof = frame.sof
+        if sof in (5, 6, 7, 13, 14, 15):
+            return "hierarchical"
+        if sof in (3, 11):
+            return "lossless"
+        if sof >= 9:
+            return "arithmetic"
+        if sof == 2:
+            return "progressive"
+    if info.error is not None or info.pillow_error is not None:
+        return "malformed-header"
+    if info.mpf:
+        return "mpo"
+    if info.junk_bytes:
+        # libjpeg-turbo warns "Corrupt JPEG data: extraneous bytes before marker".
+        return "junk"
+    if frame is None:
+        return "no-frame"
+    if frame.precision != 8:
+        return "precision"
+    ncomp = len(frame.components)
+    if ncomp not in (1, 3):
+        return "components"
+    if info.color_space not in ("gray", "ycbcr"):
+        return "color-transform"
+    if any(not (1 <= c.h <= 4 and 1 <= c.v <= 4) for c in frame.components):
+        return "malformed-header"
+    if len({c.id for c in frame.components}) != ncomp:
+        return "malformed-header"
+    if ncomp == 3 and info.subsampling == "other":
+        return "sampling"
+    if frame.height == 0 or info.dnl:
+        return "dnl"
+    if frame.width == 0 or frame.width > _JPEG_MAX_DIMENSION or frame.height > _JPEG_MAX_DIMENSION:
+        return "malformed-header"
+    if not info.scans:
+        return "no-scan"
+    scan = info.scans[0]
+    if len(scan.components) != ncomp:
+        return "non-interleaved"
+    if len(info.scans) > 1:
+        return "multi-scan"
+    if [index for index, _, _ in scan.components] != list(range(ncomp)):
+        # libjpeg-turbo rejects scans that list components out of frame order.
+        return "malformed-header"
+    for index, td, ta in scan.components:
+        tq = frame.components[index].tq
+        if tq not in scan.qtables or td not in scan.dc_tables or ta not in scan.ac_tables:
+            return "missing-table"
+        if scan.dc_tables[td].check(True) or scan.ac_tables[ta].check(False):
+            return "bad-table"
+        if int(scan.qtables[tq].max()) > 32767:
+            # libjpeg-turbo keeps quantisers in a 16-bit signed MULTIPLIER when built with SIMD.
+            return "bad-table"
+    if info.eoi < 0 or info.markers[-1][0] != 0xD9 or info.markers[-2][0] != 0xDA:
+        return "after-scan"
+    if frame.width > max_width:
+        return "width"
+    if frame.width * frame.height > max_pixels:
+        return "too-large"
+    return None

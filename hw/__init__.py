@@ -1,0 +1,1 @@
+"""Decoder gateware (Amaranth HDL)."""

@@ -1,0 +1,1 @@
+"""Simulation of the decoder gateware (cocotb, Verilator, Icarus)."""
