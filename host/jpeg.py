@@ -66,9 +66,9 @@ _JPEG_MAX_DIMENSION = 65500
 
 _SOF_MARKERS = frozenset(range(0xC0, 0xD0)) - {0xC4, 0xC8, 0xCC}
 _RST_MARKERS = frozenset(range(0xD0, 0xD8))
-# A marker inside entropy-coded data: 0xFF, optional fill 0xFF bytes, then a code that is
-# neither 0x00 (stuffing, T.81 F.1.2.3) nor 0xFF.
-_MARKER_RE = re.compile(rb"\xff+[\x01-\xfe]")
+# A marker inside entropy-coded data: 0xFF, then a code that is neither 0x00 (stuffing,
+# T.81 F.1.2.3) nor 0xFF (fill: the match then starts at the last fill byte).
+_MARKER_RE = re.compile(rb"\xff[\x01-\xfe]")
 
 
 @dataclass(frozen=True, slots=True)
@@ -117,7 +117,7 @@ class HuffmanTable:
                 return "Huffman code space overflows"
             code <<= 1
             k += count
-        if is_dc and any(s > 15 for s in self.symbols):
+        if is_dc and self.symbols and max(self.symbols) > 15:
             return "DC symbol above 15"
         return None
 
@@ -175,6 +175,7 @@ class JpegInfo:
     error: str | None = None
     error_offset: int = -1
     not_jpeg: bool = False
+    headers_only: bool = False
     junk_bytes: int = 0
     dnl: bool = False
     mpf: bool = False
@@ -238,11 +239,14 @@ def _end_of_entropy_data(data: bytes, start: int) -> tuple[int, int]:
     return len(data), restarts
 
 
-def parse(data: bytes) -> JpegInfo:
+def parse(data: bytes, *, headers_only: bool = False) -> JpegInfo:
     """Parse the marker structure of a JPEG file.
 
     Args:
         data: the whole file (bytes, bytearray or memoryview).
+        headers_only: stop at the first SOS (the runtime's pre-screen: what follows
+            the first scan header is checked by the decoder itself). The scan's
+            ``data_end`` is then -1.
 
     Returns:
         JpegInfo. Never raises for any content; faults are in ``info.error``
@@ -324,8 +328,11 @@ def parse(data: bytes) -> JpegInfo:
             scan = _parse_sos(body, info.frame, restart_interval, qtables, dc_tables, ac_tables, pos)
             if scan is None:
                 return _fail(info, "bad scan header", offset)
-            scan.data_end, scan.restarts = _end_of_entropy_data(data, pos)
             info.scans.append(scan)
+            if headers_only:
+                info.headers_only = True
+                return info
+            scan.data_end, scan.restarts = _end_of_entropy_data(data, pos)
             pos = scan.data_end
         elif marker == 0xDC:
             info.dnl = True
@@ -507,7 +514,8 @@ def classify(
         if int(scan.qtables[tq].max()) > 32767:
             # libjpeg-turbo keeps quantisers in a 16-bit signed MULTIPLIER when built with SIMD.
             return "bad-table"
-    if info.eoi < 0 or info.markers[-1][0] != 0xD9 or info.markers[-2][0] != 0xDA:
+    if not info.headers_only and (
+            info.eoi < 0 or info.markers[-1][0] != 0xD9 or info.markers[-2][0] != 0xDA):
         return "after-scan"
     if frame.width > max_width:
         return "width"

@@ -140,9 +140,15 @@ def _decode_scan(data, end, pos, luts, comp_dc, comp_ac, comp_h, comp_v, comp_bw
                                 if not stopped and pos < end:
                                     b = data[pos]
                                     if b == 0xFF:
-                                        if pos + 1 < end and data[pos + 1] == 0:
-                                            pos += 2
+                                        # jdhuff.c fill_bit_buffer: FF (FF)* 00 is one
+                                        # FF data byte; FF (FF)* xx is a marker.
+                                        q = pos + 1
+                                        while q < end and data[q] == 0xFF:
+                                            q += 1
+                                        if q < end and data[q] == 0:
+                                            pos = q + 1
                                         else:
+                                            pos = q - 1 if q < end else end
                                             stopped = True
                                             continue
                                     else:

@@ -1,0 +1,148 @@
+"""Benchmarks behind ``dlbooster bench``.
+
+Each benchmark prints a table and, with ``--json FILE``, writes the same figures as JSON.
+Inputs default to the ImageNet sample photos of the shared corpus
+(``../shared/corpus/imagenet-sample-images``, or ``$DLBOOSTER_CORPUS``).
+
+- ``bench parse``: microseconds per file for :func:`dlbooster.jpeg.parse` +
+  :func:`dlbooster.jpeg.classify` (the runtime's per-image pre-screen).
+- ``bench decode``: images/s, microseconds per image and Mpixel/s of Pillow, the CPU
+  backend and the reference model, one core, same files, same run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import statistics
+import sys
+import time
+from datetime import date
+from pathlib import Path
+
+__all__ = ["add_arguments", "run"]
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("kind", choices=("parse", "decode"))
+    parser.add_argument("paths", nargs="*", metavar="PATH",
+                        help="files or folders (default: the corpus ImageNet sample photos)")
+    parser.add_argument("--limit", type=int, default=0, help="use at most N files")
+    parser.add_argument("--repeat", type=int, default=20,
+                        help="parse: timed repetitions per file")
+    parser.add_argument("--backends", default="pillow,cpu,model",
+                        help="decode: comma-separated subset of pillow,cpu,model")
+    parser.add_argument("--json", metavar="FILE", help="write the results as JSON")
+
+
+def _inputs(args: argparse.Namespace) -> list[tuple[str, bytes]]:
+    from .cli import _walk
+    from .samples import default_corpus
+
+    paths = args.paths
+    if not paths:
+        corpus = default_corpus()
+        if corpus is None:
+            raise SystemExit("no PATH given and no shared corpus found (set DLBOOSTER_CORPUS)")
+        paths = [str(corpus / "imagenet-sample-images")]
+    files = [p for p, _ in _walk(paths)]
+    if args.limit:
+        files = files[: args.limit]
+    return [(p, Path(p).read_bytes()) for p in files]
+
+
+def _machine() -> dict:
+    import os
+
+    return {"machine": platform.machine(), "processor": platform.processor() or platform.machine(),
+            "cpus": os.cpu_count(), "python": platform.python_version(),
+            "date": date.today().isoformat()}
+
+
+def _table(headers: list[str], rows: list[list]) -> str:
+    cells = [headers] + [[f"{c:.2f}" if isinstance(c, float) else str(c) for c in r] for r in rows]
+    widths = [max(len(r[i]) for r in cells) for i in range(len(headers))]
+    lines = ["  ".join(c.rjust(w) for c, w in zip(r, widths)) for r in cells]
+    lines.insert(1, "  ".join("-" * w for w in widths))
+    return "\n".join(lines)
+
+
+def bench_parse(files: list[tuple[str, bytes]], repeat: int) -> dict:
+    from .jpeg import classify, parse
+
+    per_file = []
+    reasons: dict[str, int] = {}
+    for _, data in files:
+        reason = classify(parse(data))
+        reasons[str(reason)] = reasons.get(str(reason), 0) + 1
+        best = float("inf")
+        for _ in range(repeat):
+            t0 = time.perf_counter_ns()
+            classify(parse(data))
+            best = min(best, time.perf_counter_ns() - t0)
+        per_file.append(best / 1000)
+    per_file.sort()
+    return {
+        "benchmark": "parse+classify",
+        "files": len(files),
+        "bytes_mean": statistics.fmean(len(d) for _, d in files),
+        "us_mean": statistics.fmean(per_file),
+        "us_median": statistics.median(per_file),
+        "us_p95": per_file[int(0.95 * (len(per_file) - 1))],
+        "us_max": per_file[-1],
+        "classification": reasons,
+        **_machine(),
+    }
+
+
+def bench_decode(files: list[tuple[str, bytes]], backends: list[str]) -> dict:
+    from .backends import CpuBackend, ModelBackend, decode_pillow
+    from .errors import DlboosterError
+
+    decoders = {"pillow": decode_pillow, "cpu": CpuBackend().decode, "model": ModelBackend().decode}
+    rows = []
+    for name in backends:
+        decode = decoders[name]
+        for _, data in files[:2]:  # warm-up (numba compiles on first use)
+            try:
+                decode(data)
+            except DlboosterError:
+                pass
+        done = declined = pixels = 0
+        elapsed = 0.0
+        for _, data in files:
+            t0 = time.perf_counter()
+            try:
+                image = decode(data)
+            except DlboosterError:
+                declined += 1
+                continue
+            elapsed += time.perf_counter() - t0
+            done += 1
+            pixels += image.shape[0] * image.shape[1]
+        rows.append({
+            "backend": name, "images": done, "declined": declined, "seconds": elapsed,
+            "us_per_image": 1e6 * elapsed / max(done, 1),
+            "images_per_s": done / elapsed if elapsed else 0.0,
+            "mpixel_per_s": pixels / elapsed / 1e6 if elapsed else 0.0,
+        })
+    return {"benchmark": "decode, one core", "files": len(files), "results": rows, **_machine()}
+
+
+def run(args: argparse.Namespace) -> int:
+    files = _inputs(args)
+    if args.kind == "parse":
+        result = bench_parse(files, args.repeat)
+        print(_table(["files", "mean bytes", "us mean", "us median", "us p95", "us max"],
+                     [[result["files"], round(result["bytes_mean"]), result["us_mean"],
+                       result["us_median"], result["us_p95"], result["us_max"]]]))
+    else:
+        result = bench_decode(files, args.backends.split(","))
+        print(_table(["backend", "images", "declined", "us/image", "images/s", "Mpixel/s"],
+                     [[r["backend"], r["images"], r["declined"], r["us_per_image"],
+                       r["images_per_s"], r["mpixel_per_s"]] for r in result["results"]]))
+    if args.json:
+        Path(args.json).write_text(json.dumps(result, indent=1) + "\n")
+        print(f"wrote {args.json}", file=sys.stderr)
+    return 0

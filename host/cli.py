@@ -1,0 +1,176 @@
+"""The ``dlbooster`` command line.
+
+Commands:
+
+- ``dlbooster decode [--backend B] [--out DIR] [--json] [--verify] PATH...``: decode files
+  or folders (walked recursively); exit 0 when every input decoded (ok or fallback),
+  1 when any input errored (or, with ``--verify``, differs from Pillow), 2 on bad usage.
+- ``dlbooster bench {parse,decode} ...``: the benchmarks (:mod:`dlbooster.bench`).
+- ``dlbooster demo``: the main job on a machine with no board and no dataset.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import sys
+from collections import Counter
+from pathlib import Path
+
+__all__ = ["main"]
+
+
+def _walk(paths: list[str]) -> list[tuple[str, str]]:
+    """Expand PATH arguments to (input path, output name) pairs, folders recursively."""
+    inputs = []
+    for arg in paths:
+        if os.path.isdir(arg):
+            found = []
+            for root, dirs, files in os.walk(arg):
+                dirs.sort()
+                found.extend(os.path.join(root, f) for f in sorted(files))
+            inputs.extend((p, os.path.relpath(p, arg)) for p in found)
+        else:
+            inputs.append((arg, os.path.basename(arg)))
+    return inputs
+
+
+def _save_png(image, target: Path) -> None:
+    from PIL import Image
+
+    target.parent.mkdir(parents=True, exist_ok=True)
+    Image.fromarray(image).save(target, "PNG")
+
+
+def _cmd_decode(args: argparse.Namespace) -> int:
+    from tqdm import tqdm
+
+    from .backends import CpuBackend, decode_pillow, decode_result, get_backend
+    from .errors import DecodeError
+
+    options = {"max_width": args.max_width} if args.backend == "model" else {}
+    backend = get_backend(args.backend, **options)
+    cpu = CpuBackend()
+    inputs = _walk(args.paths)
+    results = []
+    counts: Counter = Counter()
+    mismatches = []
+    for path, name in tqdm(inputs, desc="decode", unit="file", file=sys.stderr,
+                           disable=None if len(inputs) > 1 else True):
+        result = decode_result(path, backend, cpu=cpu)
+        record = result.to_json()
+        counts[(result.status, result.backend, result.reason)] += 1
+        if args.verify:
+            try:
+                with open(path, "rb") as f:
+                    reference = decode_pillow(f.read())
+            except (OSError, DecodeError):
+                reference = None
+            same = (reference is None and result.image is None) or (
+                reference is not None and result.image is not None
+                and reference.shape == result.image.shape and (reference == result.image).all())
+            record["matches_pillow"] = bool(same)
+            if not same:
+                mismatches.append(path)
+        if args.out and result.image is not None:
+            _save_png(result.image, Path(args.out) / f"{name}.png")
+        results.append(record)
+    errors = sum(n for (status, _, _), n in counts.items() if status == "error")
+    summary = {
+        "inputs": len(inputs),
+        "ok": sum(n for (s, _, _), n in counts.items() if s == "ok"),
+        "fallback": sum(n for (s, _, _), n in counts.items() if s == "fallback"),
+        "error": errors,
+        "by_reason": {f"{s}:{r}": n for (s, _, r), n in sorted(counts.items(), key=str) if r},
+    }
+    if args.verify:
+        summary["pillow_mismatches"] = len(mismatches)
+    if args.json:
+        json.dump({"results": results, "summary": summary}, sys.stdout, indent=1)
+        sys.stdout.write("\n")
+    else:
+        for record in results:
+            if record["status"] != "ok" or len(results) <= 20:
+                print(f"{record['status']:8} {record['backend'] or '-':6} "
+                      f"{record['reason'] or '-':22} {record['path']}")
+        print(f"{summary['inputs']} inputs: {summary['ok']} ok, {summary['fallback']} fallback, "
+              f"{summary['error']} error" + (f", {len(mismatches)} differ from Pillow"
+                                             if args.verify else ""))
+        for key, n in summary["by_reason"].items():
+            print(f"  {n:6}  {key}")
+    for path in mismatches:
+        print(f"differs from Pillow: {path}", file=sys.stderr)
+    return 1 if errors or mismatches else 0
+
+
+def _cmd_bench(args: argparse.Namespace) -> int:
+    from . import bench
+
+    return bench.run(args)
+
+
+def _cmd_demo(args: argparse.Namespace) -> int:
+    import tempfile
+
+    from .samples import encode_variants, packaged_photos
+
+    photos = packaged_photos()
+    if not photos:
+        print("no packaged photographs found: install scikit-image", file=sys.stderr)
+        return 1
+    with tempfile.TemporaryDirectory() as tmp:
+        encode_variants(tmp, photos)
+        print(f"Encoded {len(photos)} real photographs from scikit-image into JPEG variants "
+              f"(4:4:4, 4:2:2, 4:2:0, gray, restart markers, optimised tables);")
+        print("decoding them through the reference model of the decoder lane and checking "
+              "every pixel against Pillow:\n")
+        ns = argparse.Namespace(backend="model", max_width=args.max_width, out=None,
+                                json=False, verify=True, paths=[tmp])
+        return _cmd_decode(ns)
+
+
+def _parser() -> argparse.ArgumentParser:
+    from .backends import BACKENDS
+    from .jpeg import DEFAULT_MAX_WIDTH
+
+    parser = argparse.ArgumentParser(prog="dlbooster", description=__doc__.split("\n")[0])
+    parser.add_argument("-v", "--verbose", action="store_true", help="log backend choices")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    p = sub.add_parser("decode", help="decode JPEG files to RGB",
+                       description="Decode files or folders (recursively) exactly like "
+                                   "PIL.Image.open(f).convert('RGB').")
+    p.add_argument("paths", nargs="+", metavar="PATH")
+    p.add_argument("--backend", choices=BACKENDS, default="auto")
+    p.add_argument("--max-width", type=int, default=DEFAULT_MAX_WIDTH,
+                   help="line-buffer width of the modelled lane (pixels)")
+    p.add_argument("--out", metavar="DIR", help="write one lossless PNG per input")
+    p.add_argument("--json", action="store_true", help='print {"results": [...], "summary": {...}}')
+    p.add_argument("--verify", action="store_true",
+                   help="also decode with Pillow and count inputs whose result differs")
+    p.set_defaults(func=_cmd_decode)
+
+    p = sub.add_parser("bench", help="benchmarks (tables on stdout, JSON with --json)")
+    from . import bench
+
+    bench.add_arguments(p)
+    p.set_defaults(func=_cmd_bench)
+
+    p = sub.add_parser("demo", help="decode real photographs through the model, checked "
+                                    "against Pillow")
+    p.add_argument("--max-width", type=int, default=DEFAULT_MAX_WIDTH)
+    p.set_defaults(func=_cmd_demo)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
+                        format="%(name)s: %(message)s")
+    return args.func(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
