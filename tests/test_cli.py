@@ -1,0 +1,124 @@
+"""The ``dlbooster`` command line: decode outputs, JSON schema, exit codes, benchmarks."""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from dlbooster.cli import main
+
+
+def _jpeg(rgb: np.ndarray, **options) -> bytes:
+    buf = io.BytesIO()
+    Image.fromarray(rgb).save(buf, "JPEG", **options)
+    return buf.getvalue()
+
+
+def _pillow(path) -> np.ndarray:
+    with Image.open(path) as im:
+        return np.asarray(im.convert("RGB"))
+
+
+@pytest.fixture
+def folder(tmp_path):
+    """A folder with a baseline JPEG, a progressive JPEG, a PNG, a nested JPEG and junk."""
+    rng = np.random.default_rng(7)
+    photo = np.asarray(Image.fromarray(rng.integers(0, 256, (30, 40, 3), dtype=np.uint8))
+                       .resize((80, 60), Image.BICUBIC))
+    (tmp_path / "a.jpg").write_bytes(_jpeg(photo, quality=90, subsampling=2))
+    (tmp_path / "b_progressive.jpg").write_bytes(_jpeg(photo, quality=80, progressive=True))
+    buf = io.BytesIO()
+    Image.fromarray(photo).save(buf, "PNG")
+    (tmp_path / "c.JPEG").write_bytes(buf.getvalue())  # a PNG named .JPEG, as in ImageNet
+    (tmp_path / "sub").mkdir()
+    (tmp_path / "sub" / "d.jpg").write_bytes(_jpeg(photo[:17, :23], quality=50, subsampling=0))
+    (tmp_path / "zz_junk.jpg").write_bytes(b"\xff\xd8\xff\xe0 not really a jpeg")
+    return tmp_path
+
+
+def test_decode_json_per_input(folder, capsys):
+    status = main(["decode", "--backend", "model", "--json", str(folder)])
+    out = json.loads(capsys.readouterr().out)
+    results = {r["path"].removeprefix(str(folder) + "/"): r for r in out["results"]}
+    assert sorted(results) == ["a.jpg", "b_progressive.jpg", "c.JPEG", "sub/d.jpg", "zz_junk.jpg"]
+    assert status == 1  # the junk file is not decodable
+    assert results["a.jpg"]["status"] == "ok" and results["a.jpg"]["backend"] == "model"
+    assert results["a.jpg"]["reason"] is None
+    assert results["b_progressive.jpg"]["status"] == "fallback"
+    assert results["b_progressive.jpg"]["backend"] == "cpu"
+    assert results["b_progressive.jpg"]["reason"] == "progressive"
+    assert results["c.JPEG"]["status"] == "fallback" and results["c.JPEG"]["reason"] == "not-jpeg"
+    assert results["sub/d.jpg"]["status"] == "ok"
+    junk = results["zz_junk.jpg"]
+    assert junk["status"] == "error" and junk["backend"] is None and junk["sha256"] is None
+    for name, record in results.items():
+        if record["status"] == "error":
+            continue
+        rgb = _pillow(folder / name)
+        assert (record["width"], record["height"]) == (rgb.shape[1], rgb.shape[0])
+        assert record["sha256"] == hashlib.sha256(rgb.tobytes()).hexdigest()
+    assert results["a.jpg"]["symbols"] > 0
+    assert out["summary"] == {
+        "inputs": 5, "ok": 2, "fallback": 2, "error": 1,
+        "by_reason": {"error:undecodable": 1, "fallback:not-jpeg": 1, "fallback:progressive": 1},
+    }
+
+
+def test_decode_png_out_is_lossless(folder, tmp_path_factory, capsys):
+    out = tmp_path_factory.mktemp("out")
+    assert main(["decode", "--backend", "cpu", "--out", str(out),
+                 str(folder / "a.jpg"), str(folder / "sub")]) == 0
+    assert sorted(p.relative_to(out).as_posix() for p in out.rglob("*.png")) == ["a.jpg.png", "d.jpg.png"]
+    assert np.array_equal(_pillow(out / "a.jpg.png"), _pillow(folder / "a.jpg"))
+    assert np.array_equal(_pillow(out / "d.jpg.png"), _pillow(folder / "sub" / "d.jpg"))
+    assert "2 inputs: 2 ok, 0 fallback, 0 error" in capsys.readouterr().out
+
+
+def test_decode_verify_counts_matches(folder, capsys):
+    assert main(["decode", "--backend", "model", "--verify", "--json",
+                 str(folder / "a.jpg"), str(folder / "b_progressive.jpg")]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert [r["matches_pillow"] for r in out["results"]] == [True, True]
+    assert out["summary"]["pillow_mismatches"] == 0
+
+
+def test_missing_file_is_an_error_naming_it(tmp_path, capsys):
+    missing = tmp_path / "nope.jpg"
+    assert main(["decode", "--json", str(missing)]) == 1
+    (record,) = json.loads(capsys.readouterr().out)["results"]
+    assert record["path"] == str(missing)
+    assert (record["status"], record["reason"]) == ("error", "unreadable")
+
+
+def test_bad_usage_exits_2():
+    for argv in (["decode"], ["decode", "--backend", "nope", "x.jpg"], ["frobnicate"]):
+        done = subprocess.run([sys.executable, "-m", "dlbooster.cli", *argv], capture_output=True)
+        assert done.returncode == 2, argv
+
+
+def test_bench_parse_writes_json(folder, tmp_path, capsys):
+    target = tmp_path / "parse.json"
+    assert main(["bench", "parse", "--repeat", "2", "--json", str(target), str(folder)]) == 0
+    result = json.loads(target.read_text())
+    assert result["files"] == 5
+    assert 0 < result["us_median"] <= result["us_p95"] <= result["us_max"]
+    assert result["classification"] == {"None": 2, "progressive": 1, "not-jpeg": 1,
+                                        "malformed-header": 1}
+    assert "us median" in capsys.readouterr().out
+
+
+def test_bench_decode_table(folder, tmp_path, capsys):
+    target = tmp_path / "decode.json"
+    assert main(["bench", "decode", "--json", str(target), str(folder / "a.jpg"),
+                 str(folder / "b_progressive.jpg")]) == 0
+    rows = {r["backend"]: r for r in json.loads(target.read_text())["results"]}
+    assert rows["pillow"]["images"] == 2 and rows["cpu"]["images"] == 2
+    assert rows["model"]["images"] == 1 and rows["model"]["declined"] == 1
+    assert all(r["images_per_s"] > 0 for r in rows.values())
