@@ -1,0 +1,568 @@
+"""Entropy (Huffman) decoder core: one symbol per clock.
+
+Decodes the entropy-coded segment of one interleaved baseline scan (T.81 F.2.2) into
+quantised coefficient blocks, bit-exact with :func:`dlbooster.model.entropy_decode`
+(which follows libjpeg-turbo ``jdhuff.c``).
+
+Sub-blocks, each a component of its own:
+
+- :class:`Unstuffer`: takes 4 bytes per beat, removes byte stuffing (``FF 00`` and
+  ``FF FF .. 00``, as ``jdhuff.c`` ``fill_bit_buffer``), stops at markers, and in
+  seek mode skips bytes up to the next marker (restart handling, T.81 F.2.2.5).
+- :class:`HuffmanTables`: 4 DC + 4 AC tables, loaded from DHT payload bytes; computes
+  the canonical code limits as the bytes arrive (T.81 Annex C) and looks a 16-bit window
+  up in one clock: code length, symbol, validity.
+- :class:`EntropyDecoder`: a 64-bit left-aligned bit buffer refilled 4 bytes at a time,
+  one symbol (code + extra bits) decoded and consumed per clock, DC prediction,
+  run/size AC decoding with ZRL/EOB, MCU composition from the sampling factors,
+  restart intervals, and the fault checks of SPEC.md section 2.
+
+Status codes (:class:`Status`) equal the reference model's entropy-stage codes.
+"""
+
+from __future__ import annotations
+
+import enum
+
+from amaranth import Array, Cat, Const, Module, Mux, Signal, signed
+from amaranth.lib import data, stream, wiring
+from amaranth.lib.memory import Memory
+from amaranth.lib.wiring import In, Out
+
+__all__ = [
+    "Status",
+    "InputBeat",
+    "TableWrite",
+    "ComponentConfig",
+    "ScanConfig",
+    "CoefBeat",
+    "Unstuffer",
+    "HuffmanTables",
+    "EntropyDecoder",
+    "extend",
+]
+
+# T.81 Figure A.6: natural index of zigzag position k.
+_ZIGZAG = (0, 1, 8, 16, 9, 2, 3, 10, 17, 24, 32, 25, 18, 11, 4, 5,
+           12, 19, 26, 33, 40, 48, 41, 34, 27, 20, 13, 6, 7, 14, 21, 28,
+           35, 42, 49, 56, 57, 50, 43, 36, 29, 22, 15, 23, 30, 37, 44, 51,
+           58, 59, 52, 45, 38, 31, 39, 46, 53, 60, 61, 54, 47, 55, 62, 63)
+
+
+class Status(enum.IntEnum):
+    """Completion status (the same numbers as ``dlbooster.model``'s entropy stage)."""
+
+    OK = 0
+    BAD_CODE = 1           # no code matches within 16 bits
+    COEF_OVERFLOW = 2      # a block exceeds 64 coefficients
+    UNEXPECTED_MARKER = 3  # a marker inside entropy data before the MCU was complete
+    BAD_RESTART = 4        # wrong or missing RSTn at a restart boundary
+    TRUNCATED = 5          # end of data (or a non-RST marker) before the last MCU
+
+
+#: One beat of entropy-coded input: ``n`` valid bytes (1..4), byte 0 in ``data[0:8]``
+#: comes first; ``last`` marks the final beat of the scan's data.
+InputBeat = data.StructLayout({"data": 32, "n": 3, "last": 1})
+
+#: One byte of a DHT table payload: ``index`` 0..15 are the code counts (in order,
+#: index 0 first), 16.. the symbols. ``table`` 0..3 selects a DC table, 4..7 an AC table.
+TableWrite = data.StructLayout({"table": 3, "index": 9, "byte": 8})
+
+#: Per-component scan configuration: sampling factors (1 or 2) and table selectors.
+ComponentConfig = data.StructLayout({"h": 2, "v": 2, "dc": 2, "ac": 2})
+
+#: Scan configuration, held stable from ``start`` until ``done``.
+#: For a one-component scan set ``h = v = 1`` (one block per MCU, T.81 A.2.2);
+#: ``mcux``/``mcuy`` count MCUs per row/column; ``restart`` is the DRI value (0 = none).
+ScanConfig = data.StructLayout({
+    "ncomp": 2,
+    "comp": data.ArrayLayout(ComponentConfig, 3),
+    "mcux": 16,
+    "mcuy": 16,
+    "restart": 16,
+})
+
+#: One output beat. Each block starts with its DC beat (``first``); every non-zero AC
+#: coefficient follows as a beat with its natural-order ``index``; the block's final
+#: beat has ``last`` set (an end-of-block beat with ``coef = 0`` when the block ended with
+#: EOB or a ZRL reaching position 64). ``count`` on the last beat is the number of
+#: coefficient beats of the block (DC included). ``bx``/``by`` is the block's position
+#: in the component's MCU-padded block grid.
+CoefBeat = data.StructLayout({
+    "comp": 2,
+    "bx": 16,
+    "by": 16,
+    "index": 6,
+    "value": signed(16),
+    "coef": 1,
+    "first": 1,
+    "last": 1,
+    "count": 7,
+})
+
+
+def extend(bits, s):
+    """EXTEND (T.81 F.2.2.1, Figure F.12): the signed value of ``s`` extra bits.
+
+    Args:
+        bits: Amaranth value holding the ``s`` extra bits right-aligned (16 bits wide).
+        s: Amaranth value, 0..15.
+
+    Returns:
+        A ``signed(17)`` expression; 0 when ``s`` is 0.
+    """
+    top = (bits >> (s - 1)[:4])[0]
+    neg = bits.as_signed() - ((Const(1, 17) << s) - 1).as_signed()
+    return Mux(s == 0, 0, Mux(top, bits, neg))
+
+
+class Unstuffer(wiring.Component):
+    """Byte unstuffing and marker detection, 4 bytes per clock.
+
+    Ports:
+        input: entropy-coded bytes (:data:`InputBeat`).
+        offer_n / offer_data: data bytes available now (0..4; the first byte in bits
+            ``[24:32]`` of ``offer_data``, i.e. left-aligned, MSB first).
+        take: the consumer takes all offered bytes this clock (ignored when
+            ``offer_n`` is 0).
+        seek: drop data bytes instead of offering them, up to the next marker.
+        marker_valid / marker: a marker (``FF xx``, ``xx`` not 00/FF) is at the front.
+        consume_marker: drop that marker (2 bytes) this clock.
+        at_end: the input has ended and every byte was consumed (a lone trailing FF
+            counts as consumed).
+        flush: drop everything up to and including the last input beat (draining).
+        clear: reset to the empty state (start of a new scan).
+    """
+
+    def __init__(self):
+        super().__init__({
+            "input": In(stream.Signature(InputBeat)),
+            "offer_n": Out(3),
+            "offer_data": Out(32),
+            "take": In(1),
+            "seek": In(1),
+            "marker_valid": Out(1),
+            "marker": Out(8),
+            "consume_marker": In(1),
+            "at_end": Out(1),
+            "flush": In(1),
+            "clear": In(1),
+        })
+
+    def elaborate(self, platform):
+        m = Module()
+        win = Signal(64)        # up to 8 bytes, byte 0 in win[0:8]
+        wn = Signal(4)          # valid bytes in win
+        ended = Signal()        # the last input beat was accepted
+
+        b = [win[8 * j: 8 * j + 8] for j in range(8)]
+        ff = [b[j] == 0xFF for j in range(4)]
+        # Leading non-FF data bytes among the first min(wn, 4); the last true If wins.
+        run = Signal(3)
+        for j in range(4):
+            with m.If(Cat(*[~ff[i] & (wn > i) for i in range(j + 1)]).all()):
+                m.d.comb += run.eq(j + 1)
+
+        consume = Signal(4)     # bytes dropped from the front this clock
+        m.d.comb += consume.eq(0)
+
+        front_marker = ff[0] & (wn >= 2) & (b[1] != 0x00) & (b[1] != 0xFF)
+        m.d.comb += [
+            self.marker_valid.eq(front_marker),
+            self.marker.eq(b[1]),
+            self.at_end.eq(ended & ((wn == 0) | ((wn == 1) & ff[0]))),
+        ]
+
+        # What the front offers: run data bytes, or FF from a stuffed FF 00.
+        stuffed = ff[0] & (wn >= 2) & (b[1] == 0x00)
+        fill = ff[0] & (wn >= 2) & (b[1] == 0xFF)
+        # Byte 0 to the MSB, bytes past the run cleared.
+        swapped = Signal(32)
+        m.d.comb += swapped.eq(Cat(b[3], b[2], b[1], b[0])
+                               & Array([Const(0xFFFFFFFF << (32 - 8 * r), 32) for r in range(5)])[run])
+        with m.If(run != 0):
+            with m.If(~self.seek):
+                m.d.comb += [self.offer_n.eq(run), self.offer_data.eq(swapped)]
+                with m.If(self.take):
+                    m.d.comb += consume.eq(run)
+            with m.Else():
+                m.d.comb += consume.eq(run)
+        with m.Elif(stuffed):
+            with m.If(~self.seek):
+                m.d.comb += [self.offer_n.eq(1), self.offer_data.eq(0xFF000000)]
+                with m.If(self.take):
+                    m.d.comb += consume.eq(2)
+            with m.Else():
+                m.d.comb += consume.eq(2)
+        with m.Elif(fill):
+            m.d.comb += consume.eq(1)
+        with m.Elif(front_marker & self.consume_marker):
+            m.d.comb += consume.eq(2)
+
+        remaining = Signal(4)
+        shifted = Signal(64)
+        accept = Signal()
+        incoming = Signal(64)
+        beat = self.input.payload
+        m.d.comb += [
+            remaining.eq(wn - consume),
+            shifted.eq(win >> (consume * 8)),
+            self.input.ready.eq(~ended & (remaining <= 4) & ~self.clear),
+            accept.eq(self.input.valid & self.input.ready),
+            incoming.eq((beat.data & Array([Const((1 << (8 * n)) - 1, 32) for n in range(8)])[beat.n])
+                        << (remaining * 8)),
+        ]
+        with m.If(self.clear):
+            m.d.sync += [wn.eq(0), ended.eq(0), win.eq(0)]
+        with m.Elif(self.flush):
+            m.d.sync += [wn.eq(0), win.eq(0), ended.eq(ended | (accept & beat.last))]
+        with m.Elif(accept):
+            m.d.sync += [win.eq(shifted | incoming), wn.eq(remaining + beat.n), ended.eq(beat.last)]
+        with m.Else():
+            m.d.sync += [win.eq(shifted), wn.eq(remaining)]
+        return m
+
+
+class HuffmanTables(wiring.Component):
+    """Eight Huffman tables (DC 0-3 as 0-3, AC 0-3 as 4-7) with a one-clock lookup.
+
+    Loading: stream the DHT payload of a table (16 counts, then the symbols) through
+    ``write``. Per code length l the core keeps the left-aligned limit
+    ``lim[l] = (firstcode[l] + count[l]) << (16 - l)`` and the symbol offset
+    ``delta[l] = valptr[l] - firstcode[l]`` (T.81 C.2, F.2.2.3 DECODE); the limits never
+    decrease with l, so the code length is one more than the number of limits the
+    window reaches.
+
+    Lookup (combinational): ``select`` (table 0..7), ``window`` (next 16 bits, MSB first) give
+    ``length`` (1..16), ``symbol`` and ``valid`` (a code of at most 16 bits matched).
+    """
+
+    def __init__(self):
+        super().__init__({
+            "write": In(stream.Signature(TableWrite, always_ready=True)),
+            "select": In(3),
+            "window": In(16),
+            "length": Out(5),
+            "symbol": Out(8),
+            "valid": Out(1),
+        })
+
+    def elaborate(self, platform):
+        m = Module()
+        lim = Array([Array([Signal(17, name=f"lim{t}_{l}") for l in range(1, 17)]) for t in range(8)])
+        delta = Array([Array([Signal(8, name=f"delta{t}_{l}") for l in range(1, 17)]) for t in range(8)])
+        m.submodules.symbols = symbols = Memory(shape=8, depth=8 * 256, init=[0] * (8 * 256))
+        wr = symbols.write_port()
+        rd = symbols.read_port(domain="comb")
+
+        # Loading: running canonical code and symbol index over the 16 counts.
+        code = Signal(18)
+        valptr = Signal(9)
+        w = self.write.payload
+        with m.If(self.write.valid):
+            with m.If(w.index < 16):
+                count = w.byte
+                base = Mux(w.index == 0, 0, code)
+                vbase = Mux(w.index == 0, 0, valptr)
+                nxt = Signal(18)
+                m.d.comb += nxt.eq(base + count)
+                with m.Switch(w.index):
+                    for i in range(16):
+                        with m.Case(i):
+                            m.d.sync += [
+                                lim[w.table][i].eq(nxt << (15 - i)),
+                                delta[w.table][i].eq(vbase - base),
+                            ]
+                m.d.sync += [code.eq(nxt << 1), valptr.eq(vbase + count)]
+            with m.Elif(w.index < 16 + 256):
+                m.d.comb += [
+                    wr.en.eq(1),
+                    wr.addr.eq(Cat((w.index - 16)[:8], w.table)),
+                    wr.data.eq(w.byte),
+                ]
+
+        # Lookup.
+        ge = Signal(16)
+        for l in range(16):
+            m.d.comb += ge[l].eq(self.window >= lim[self.select][l])
+        length = Signal(5)
+        m.d.comb += length.eq(17)
+        for l in reversed(range(16)):
+            with m.If(~ge[l]):
+                m.d.comb += length.eq(l + 1)
+        codes = Array([self.window[15 - l:] for l in range(16)])  # top l+1 bits
+        index = Signal(8)
+        with m.If(length <= 16):
+            m.d.comb += index.eq(codes[length - 1] + delta[self.select][length - 1])
+        m.d.comb += [
+            rd.addr.eq(Cat(index, self.select)),
+            self.symbol.eq(rd.data),
+            self.length.eq(length),
+            self.valid.eq(length <= 16),
+        ]
+        return m
+
+
+class EntropyDecoder(wiring.Component):
+    """Huffman decoder of one interleaved baseline scan, one symbol per clock.
+
+    Usage: load the tables through ``tables``, set ``scan`` (:data:`ScanConfig`),
+    pulse ``start``, stream the entropy-coded bytes (from the byte after the SOS header
+    up to and including the marker that ends the scan, or to the end of the file) into
+    ``input`` with ``last`` on the final beat, and take coefficient beats from
+    ``coef``. ``done`` pulses when the core is idle again with ``status`` valid; the core
+    has then consumed all input up to ``last`` (also after a fault), so the next scan
+    starts cleanly.
+
+    Ports:
+        scan, start, busy, done, status, symbols (Huffman symbols decoded, DC and AC
+        including EOB/ZRL), tables (:data:`TableWrite` stream), input
+        (:data:`InputBeat` stream), coef (:data:`CoefBeat` stream).
+
+    Throughput: one symbol per clock while the bit buffer holds the symbol's code and
+    extra bits and ``coef`` is ready; the buffer refills 4 bytes per clock.
+    """
+
+    def __init__(self):
+        super().__init__({
+            "scan": In(ScanConfig),
+            "start": In(1),
+            "busy": Out(1),
+            "done": Out(1),
+            "status": Out(3),
+            "symbols": Out(32),
+            "tables": In(stream.Signature(TableWrite)),
+            "input": In(stream.Signature(InputBeat)),
+            "coef": Out(stream.Signature(CoefBeat)),
+        })
+
+    def elaborate(self, platform):
+        m = Module()
+        m.submodules.unstuff = us = Unstuffer()
+        m.submodules.huff = hf = HuffmanTables()
+        m.d.comb += [
+            hf.write.valid.eq(self.tables.valid),
+            hf.write.payload.eq(self.tables.payload),
+            self.tables.ready.eq(1),
+        ]
+        wiring.connect(m, wiring.flipped(self.input), us.input)
+
+        cfg = self.scan
+        buf = Signal(64)             # left-aligned: next bit is buf[63]
+        cnt = Signal(7)              # valid bits in buf
+        k = Signal(7)                # next coefficient position in zigzag order
+        comp = Signal(2)
+        bxi = Signal(1)
+        byi = Signal(1)
+        mcu_x = Signal(16)
+        mcu_y = Signal(16)
+        rst_count = Signal(16)
+        next_rst = Signal(3)
+        pred = Array([Signal(32, name=f"pred{c}") for c in range(3)])
+        ncoef = Signal(7)
+        status = Signal(3)
+
+        ccfg = cfg.comp[comp]
+        h2 = ccfg.h == 2
+        v2 = ccfg.v == 2
+        is_dc = k == 0
+
+        window = buf[32:]
+        m.d.comb += [
+            hf.select.eq(Mux(is_dc, Cat(ccfg.dc, Const(0, 1)), Cat(ccfg.ac, Const(1, 1)))),
+            hf.window.eq(window[16:]),
+        ]
+        length = hf.length
+        sym = hf.symbol
+        size = sym[:4]
+        run = Mux(is_dc, 0, sym[4:])
+        need = Signal(6)
+        m.d.comb += need.eq(length + size)
+        after = Signal(16)
+        unused = Signal(5)
+        m.d.comb += [after.eq((window << length)[16:32]), unused.eq(16 - size)]
+        value = Signal(signed(17))
+        m.d.comb += value.eq(extend(after >> unused, size))
+
+        stopped = us.marker_valid | us.at_end
+        have_bits = hf.valid & (need <= cnt)
+        no_code = ~hf.valid & ((cnt >= 16) | stopped)
+        starved = hf.valid & (need > cnt) & stopped
+        out_free = ~self.coef.valid | self.coef.ready
+
+        # Bit buffer refill: all four offered bytes fit when cnt <= 32 (deciding on the
+        # pre-consumption count keeps the lookup off the path to the input's ready).
+        consumed = Signal(6)
+        cnt_after = Signal(7)
+        m.d.comb += cnt_after.eq(cnt - consumed)
+        take = Signal()
+        refill = Signal(64)
+        m.d.comb += refill.eq(Cat(Const(0, 32), us.offer_data) >> cnt_after)
+
+        # Block/MCU bookkeeping on a block's end.
+        block_done = Signal()
+        last_block_in_mcu = (comp == cfg.ncomp - 1) & (bxi == h2) & (byi == v2)
+        last_mcu = (mcu_x == cfg.mcux - 1) & (mcu_y == cfg.mcuy - 1)
+        restart_due = (cfg.restart != 0) & (rst_count + 1 == cfg.restart)
+
+        kk = Signal(7)
+        m.d.comb += kk.eq(k + run)
+        natural = Array([Const(n, 6) for n in _ZIGZAG])
+
+        beat = self.coef.payload
+        with m.If(self.coef.ready):
+            m.d.sync += self.coef.valid.eq(0)
+
+        symbols = Signal(32)
+        m.d.comb += [self.symbols.eq(symbols), self.status.eq(status)]
+
+        with m.FSM():
+            with m.State("IDLE"):
+                m.d.comb += us.clear.eq(1)
+                with m.If(self.start):
+                    m.d.sync += [
+                        buf.eq(0), cnt.eq(0), k.eq(0), comp.eq(0), bxi.eq(0), byi.eq(0),
+                        mcu_x.eq(0), mcu_y.eq(0), rst_count.eq(0), next_rst.eq(0),
+                        ncoef.eq(0), status.eq(Status.OK), symbols.eq(0),
+                        pred[0].eq(0), pred[1].eq(0), pred[2].eq(0),
+                    ]
+                    m.next = "RUN"
+            with m.State("RUN"):
+                m.d.comb += self.busy.eq(1)
+                fault = Signal(3)
+                with m.If(no_code):
+                    m.d.comb += fault.eq(Status.BAD_CODE)
+                with m.Elif(starved):
+                    m.d.comb += fault.eq(Mux(us.marker_valid & (us.marker[3:] == 0b11010),
+                                             Status.UNEXPECTED_MARKER, Status.TRUNCATED))
+                with m.Elif(have_bits & ~is_dc & (size != 0) & (kk > 63)):
+                    m.d.comb += fault.eq(Status.COEF_OVERFLOW)
+                with m.Elif(have_bits & ~is_dc & (size == 0) & (run == 15) & (k + 16 > 64)):
+                    m.d.comb += fault.eq(Status.COEF_OVERFLOW)
+                with m.If(fault != 0):
+                    m.d.sync += status.eq(fault)
+                    m.next = "DRAIN"
+                with m.Elif(have_bits & out_free):
+                    m.d.comb += consumed.eq(need)
+                    m.d.sync += symbols.eq(symbols + 1)
+                    m.d.sync += [beat.comp.eq(comp), beat.bx.eq((mcu_x << h2) | bxi),
+                                 beat.by.eq((mcu_y << v2) | byi), beat.first.eq(is_dc)]
+                    with m.If(is_dc):
+                        total = pred[comp] + value
+                        m.d.sync += [
+                            pred[comp].eq(total),
+                            beat.index.eq(0), beat.value.eq(total[:16]), beat.coef.eq(1),
+                            beat.last.eq(0), self.coef.valid.eq(1),
+                            k.eq(1), ncoef.eq(1),
+                        ]
+                    with m.Elif(size != 0):
+                        m.d.sync += [
+                            beat.index.eq(natural[kk[:6]]), beat.value.eq(value[:16]),
+                            beat.coef.eq(1), beat.last.eq(kk == 63), beat.count.eq(ncoef + 1),
+                            self.coef.valid.eq(1), k.eq(kk + 1), ncoef.eq(ncoef + 1),
+                        ]
+                        m.d.comb += block_done.eq(kk == 63)
+                    with m.Elif(run == 15):
+                        m.d.sync += k.eq(k + 16)
+                        with m.If(k + 16 == 64):
+                            m.d.sync += [beat.coef.eq(0), beat.last.eq(1), beat.index.eq(0),
+                                         beat.value.eq(0), beat.count.eq(ncoef),
+                                         self.coef.valid.eq(1)]
+                            m.d.comb += block_done.eq(1)
+                    with m.Else():  # EOB
+                        m.d.sync += [beat.coef.eq(0), beat.last.eq(1), beat.index.eq(0),
+                                     beat.value.eq(0), beat.count.eq(ncoef),
+                                     self.coef.valid.eq(1)]
+                        m.d.comb += block_done.eq(1)
+                with m.If(block_done):
+                    m.d.sync += k.eq(0)
+                    with m.If(bxi != h2):
+                        m.d.sync += bxi.eq(1)
+                    with m.Elif(byi != v2):
+                        m.d.sync += [bxi.eq(0), byi.eq(1)]
+                    with m.Elif(comp != cfg.ncomp - 1):
+                        m.d.sync += [bxi.eq(0), byi.eq(0), comp.eq(comp + 1)]
+                    with m.Else():
+                        m.d.sync += [bxi.eq(0), byi.eq(0), comp.eq(0)]
+                with m.If(block_done & last_block_in_mcu):
+                    with m.If(last_mcu):
+                        m.next = "DRAIN"
+                    with m.Else():
+                        with m.If(mcu_x == cfg.mcux - 1):
+                            m.d.sync += [mcu_x.eq(0), mcu_y.eq(mcu_y + 1)]
+                        with m.Else():
+                            m.d.sync += mcu_x.eq(mcu_x + 1)
+                        m.d.sync += rst_count.eq(Mux(restart_due, 0, rst_count + 1))
+                        with m.If(restart_due):
+                            m.next = "RESTART"
+                # Refill from the unstuffer.
+                with m.If((cnt <= 32) & (us.offer_n != 0) & (fault == 0)):
+                    m.d.comb += [take.eq(1), us.take.eq(1)]
+                with m.If(fault == 0):
+                    m.d.sync += [
+                        buf.eq((buf << consumed) | Mux(take, refill, 0)),
+                        cnt.eq(cnt_after + Mux(take, us.offer_n * 8, 0)),
+                    ]
+            with m.State("RESTART"):
+                # T.81 F.2.2.5 / jdhuff.c process_restart: drop buffered bits, skip to
+                # the next marker, which must be the expected RSTn.
+                m.d.comb += [self.busy.eq(1), us.seek.eq(1)]
+                m.d.sync += [buf.eq(0), cnt.eq(0)]
+                with m.If(us.marker_valid):
+                    with m.If(us.marker == 0xD0 + next_rst):
+                        m.d.comb += us.consume_marker.eq(1)
+                        m.d.sync += [next_rst.eq(next_rst + 1),
+                                     pred[0].eq(0), pred[1].eq(0), pred[2].eq(0)]
+                        m.next = "RUN"
+                    with m.Else():
+                        m.d.sync += status.eq(Status.BAD_RESTART)
+                        m.next = "DRAIN"
+                with m.Elif(us.at_end):
+                    m.d.sync += status.eq(Status.BAD_RESTART)
+                    m.next = "DRAIN"
+            with m.State("DRAIN"):
+                m.d.comb += [self.busy.eq(1), us.flush.eq(1)]
+                with m.If(us.at_end & out_free):
+                    m.next = "DONE"
+            with m.State("DONE"):
+                m.d.comb += [self.done.eq(1), us.clear.eq(1)]
+                m.next = "IDLE"
+        return m
+
+
+def scan_program(info) -> tuple[dict, list[dict], int, int]:
+    """What a loader writes into the core for the first scan of a parsed JPEG.
+
+    Args:
+        info: :class:`dlbooster.jpeg.JpegInfo` of a hardware-decodable file.
+
+    Returns:
+        ``(config, table_writes, start, end)``: the :data:`ScanConfig` value as a dict,
+        the :data:`TableWrite` beats as dicts (tables the scan uses, DC then AC), and the
+        byte range ``[start, end)`` of the input to stream: the entropy-coded segment
+        and the marker that ends it.
+    """
+    frame, scan = info.frame, info.scans[0]
+    hmax, vmax = frame.hmax, frame.vmax
+    comps = []
+    for index, td, ta in scan.components:
+        c = frame.components[index]
+        h, v = (c.h, c.v) if len(scan.components) > 1 else (1, 1)
+        comps.append({"h": h, "v": v, "dc": td, "ac": ta})
+    comps += [{"h": 1, "v": 1, "dc": 0, "ac": 0}] * (3 - len(comps))
+    if len(scan.components) > 1:
+        mcux, mcuy = -(-frame.width // (8 * hmax)), -(-frame.height // (8 * vmax))
+    else:
+        c = frame.components[scan.components[0][0]]
+        mcux = -(-(-(-frame.width * c.h // hmax)) // 8)
+        mcuy = -(-(-(-frame.height * c.v // vmax)) // 8)
+    config = {"ncomp": len(scan.components), "comp": comps, "mcux": mcux, "mcuy": mcuy,
+              "restart": scan.restart_interval}
+    writes = []
+    for slot, tables, base in ((2, scan.dc_tables, 0), (3, scan.ac_tables, 4)):
+        for t in sorted({c[slot - 1] for c in scan.components}):
+            table = tables[t]
+            payload = bytes(table.counts) + table.symbols
+            writes += [{"table": base + t, "index": i, "byte": b} for i, b in enumerate(payload)]
+    end = min(scan.data_end + 2, info.size)
+    return config, writes, scan.data_start, end

