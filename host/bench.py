@@ -8,6 +8,9 @@ Inputs default to the ImageNet sample photos of the shared corpus
   :func:`dlbooster.jpeg.classify` (the runtime's per-image pre-screen).
 - ``bench decode``: images/s, microseconds per image and Mpixel/s of Pillow, the CPU
   backend and the reference model, one core, same files, same run.
+- ``bench entropy``: the entropy decoder core in cycle-accurate simulation (Verilator,
+  C++ harness): symbols, clocks, symbols/clock and coded bytes/clock per file and in
+  total, every coefficient and status checked against the reference model.
 """
 
 from __future__ import annotations
@@ -27,7 +30,8 @@ __all__ = ["add_arguments", "run"]
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     kinds = parser.add_subparsers(dest="kind", required=True)
     for kind, text in (("parse", "header parse + classify, microseconds per file"),
-                       ("decode", "Pillow vs cpu backend vs reference model, images/s")):
+                       ("decode", "Pillow vs cpu backend vs reference model, images/s"),
+                       ("entropy", "entropy decoder core in Verilator: symbols per clock")):
         p = kinds.add_parser(kind, help=text, description=text)
         p.add_argument("paths", nargs="*", metavar="PATH",
                        help="files or folders (default: the corpus ImageNet sample photos)")
@@ -35,6 +39,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         p.add_argument("--json", metavar="FILE", help="write the results as JSON")
         if kind == "parse":
             p.add_argument("--repeat", type=int, default=20, help="timed repetitions per file")
+        elif kind == "entropy":
+            p.add_argument("--per-file", action="store_true", help="print a row per file")
+            p.add_argument("--ready", type=int, default=100,
+                           help="percent of clocks the coefficient output is ready")
         else:
             p.add_argument("--backends", default="pillow,cpu,model",
                            help="comma-separated subset of pillow,cpu,model")
@@ -134,8 +142,77 @@ def bench_decode(files: list[tuple[str, bytes]], backends: list[str]) -> dict:
     return {"benchmark": "decode, one core", "files": len(files), "results": rows, **_machine()}
 
 
+def bench_entropy(files: list[tuple[str, bytes]], ready_percent: int) -> dict:
+    from . import jpeg, model
+    from .errors import Malformed
+    from .sim.harness import EntropyHarness, blocks_from_beats
+
+    reason_code = {reason: code for code, reason in model.STATUS_REASONS.items()}
+    rows = []
+    t0 = time.perf_counter()
+    with EntropyHarness() as harness:
+        for path, data in files:
+            info = jpeg.parse(data)
+            if jpeg.classify(info) is not None:
+                continue
+            result = harness.decode(data, info, ready_percent=ready_percent)
+            try:
+                blocks, symbols = model.entropy_decode(data, info)
+                expect = 0
+            except Malformed as exc:
+                blocks, symbols, expect = None, None, reason_code[exc.reason]
+            same = result.status == expect
+            if same and blocks is not None:
+                grids, _ = blocks_from_beats(result.beats, [b.shape[:2] for b in blocks])
+                same = result.symbols == symbols and all(
+                    (g == b).all() for g, b in zip(grids, blocks))
+            scan = info.scans[0]
+            rows.append({
+                "path": path, "subsampling": info.subsampling, "status": result.status,
+                "matches_model": bool(same), "symbols": result.symbols, "cycles": result.cycles,
+                "bytes": scan.data_end - scan.data_start,
+                "symbols_per_clock": result.symbols / max(result.cycles, 1),
+                "bytes_per_clock": (scan.data_end - scan.data_start) / max(result.cycles, 1),
+            })
+    wall = time.perf_counter() - t0
+    clean = [r for r in rows if r["status"] == 0]
+    groups = {}
+    for r in clean:
+        groups.setdefault(r["subsampling"], []).append(r)
+    groups["all"] = clean
+
+    def total(rs):
+        symbols, cycles = sum(r["symbols"] for r in rs), sum(r["cycles"] for r in rs)
+        return {"files": len(rs), "symbols": symbols, "cycles": cycles,
+                "symbols_per_clock": symbols / max(cycles, 1),
+                "bytes_per_clock": sum(r["bytes"] for r in rs) / max(cycles, 1)}
+
+    return {
+        "benchmark": "entropy decoder core, Verilator", "ready_percent": ready_percent,
+        "files": len(rows), "faulty_streams": len(rows) - len(clean),
+        "model_mismatches": sum(not r["matches_model"] for r in rows),
+        "simulated_clocks_per_s": sum(r["cycles"] for r in rows) / wall,
+        "totals": {k: total(v) for k, v in sorted(groups.items())}, "per_file": rows, **_machine(),
+    }
+
+
 def run(args: argparse.Namespace) -> int:
     files = _inputs(args)
+    if args.kind == "entropy":
+        result = bench_entropy(files, args.ready)
+        if args.per_file:
+            print(_table(["file", "status", "symbols", "clocks", "symbols/clk", "bytes/clk"],
+                         [[Path(r["path"]).name, r["status"], r["symbols"], r["cycles"],
+                           r["symbols_per_clock"], r["bytes_per_clock"]] for r in result["per_file"]]))
+        print(_table(["subsampling", "files", "symbols", "clocks", "symbols/clk", "bytes/clk"],
+                     [[k, t["files"], t["symbols"], t["cycles"], f"{t['symbols_per_clock']:.4f}",
+                       f"{t['bytes_per_clock']:.3f}"] for k, t in result["totals"].items()]))
+        print(f"{result['files']} files ({result['faulty_streams']} faulty streams), "
+              f"{result['model_mismatches']} differ from the model; "
+              f"{result['simulated_clocks_per_s'] / 1e6:.2f} M simulated clocks/s")
+        if args.json:
+            Path(args.json).write_text(json.dumps(result, indent=1) + "\n")
+        return 1 if result["model_mismatches"] else 0
     if args.kind == "parse":
         result = bench_parse(files, args.repeat)
         print(_table(["files", "mean bytes", "us mean", "us median", "us p95", "us max"],

@@ -249,8 +249,13 @@ class HuffmanTables(wiring.Component):
 
     def elaborate(self, platform):
         m = Module()
-        lim = Array([Array([Signal(17, name=f"lim{t}_{l}") for l in range(1, 17)]) for t in range(8)])
-        delta = Array([Array([Signal(8, name=f"delta{t}_{l}") for l in range(1, 17)]) for t in range(8)])
+        # One small memory per code length l, word per table: limit (17 bits) and delta
+        # (8 bits); the lookup reads all 16 for the selected table at once (LUT RAM).
+        limits = []
+        for l in range(16):
+            mem = Memory(shape=25, depth=8, init=[0] * 8)
+            m.submodules[f"length{l + 1}"] = mem
+            limits.append((mem.write_port(), mem.read_port(domain="comb")))
         m.submodules.symbols = symbols = Memory(shape=8, depth=8 * 256, init=[0] * (8 * 256))
         wr = symbols.write_port()
         rd = symbols.read_port(domain="comb")
@@ -259,41 +264,38 @@ class HuffmanTables(wiring.Component):
         code = Signal(18)
         valptr = Signal(9)
         w = self.write.payload
-        with m.If(self.write.valid):
-            with m.If(w.index < 16):
-                count = w.byte
-                base = Mux(w.index == 0, 0, code)
-                vbase = Mux(w.index == 0, 0, valptr)
-                nxt = Signal(18)
-                m.d.comb += nxt.eq(base + count)
-                with m.Switch(w.index):
-                    for i in range(16):
-                        with m.Case(i):
-                            m.d.sync += [
-                                lim[w.table][i].eq(nxt << (15 - i)),
-                                delta[w.table][i].eq(vbase - base),
-                            ]
-                m.d.sync += [code.eq(nxt << 1), valptr.eq(vbase + count)]
-            with m.Elif(w.index < 16 + 256):
-                m.d.comb += [
-                    wr.en.eq(1),
-                    wr.addr.eq(Cat((w.index - 16)[:8], w.table)),
-                    wr.data.eq(w.byte),
-                ]
+        base = Mux(w.index == 0, 0, code)
+        vbase = Mux(w.index == 0, 0, valptr)
+        nxt = Signal(18)
+        m.d.comb += nxt.eq(base + w.byte)
+        for l, (port, _) in enumerate(limits):
+            m.d.comb += [
+                port.addr.eq(w.table),
+                port.data.eq(Cat((nxt << (15 - l))[:17], (vbase - base)[:8])),
+                port.en.eq(self.write.valid & (w.index == l)),
+            ]
+        with m.If(self.write.valid & (w.index < 16)):
+            m.d.sync += [code.eq(nxt << 1), valptr.eq(vbase + w.byte)]
+        m.d.comb += [
+            wr.en.eq(self.write.valid & (w.index >= 16) & (w.index < 16 + 256)),
+            wr.addr.eq(Cat((w.index - 16)[:8], w.table)),
+            wr.data.eq(w.byte),
+        ]
 
         # Lookup.
         ge = Signal(16)
-        for l in range(16):
-            m.d.comb += ge[l].eq(self.window >= lim[self.select][l])
+        for l, (_, port) in enumerate(limits):
+            m.d.comb += [port.addr.eq(self.select), ge[l].eq(self.window >= port.data[:17])]
         length = Signal(5)
         m.d.comb += length.eq(17)
         for l in reversed(range(16)):
             with m.If(~ge[l]):
                 m.d.comb += length.eq(l + 1)
-        codes = Array([self.window[15 - l:] for l in range(16)])  # top l+1 bits
         index = Signal(8)
-        with m.If(length <= 16):
-            m.d.comb += index.eq(codes[length - 1] + delta[self.select][length - 1])
+        with m.Switch(length):
+            for l, (_, port) in enumerate(limits):
+                with m.Case(l + 1):
+                    m.d.comb += index.eq(self.window[15 - l:] + port.data[17:])
         m.d.comb += [
             rd.addr.eq(Cat(index, self.select)),
             self.symbol.eq(rd.data),

@@ -37,6 +37,14 @@ def _pack(layout, value: dict) -> int:
     return layout.const(value).as_value().value
 
 
+_FIELDS = [(name, field.offset, (1 << field.width) - 1) for name, field in CoefBeat]
+
+
+def _unpack(raw: int) -> dict:
+    """CoefBeat fields as unsigned ints (plain bit operations: this runs every clock)."""
+    return {name: (raw >> offset) & mask for name, offset, mask in _FIELDS}
+
+
 def expected(data: bytes):
     """The model's view: (status, blocks or None, symbols or None, block order)."""
     info = jpeg.parse(data)
@@ -71,6 +79,8 @@ async def decode_file(dut, data: bytes, rng: random.Random, backpressure: bool) 
 
     stream = data[start:end]
     beats = [stream[i:i + 4] for i in range(0, len(stream), 4)]
+    packed = [_pack(InputBeat, {"data": int.from_bytes(chunk, "little"), "n": len(chunk),
+                                "last": i == len(beats) - 1}) for i, chunk in enumerate(beats)]
     bound = 16 * len(stream) + 4096
     got = [np.zeros_like(b) for b in blocks] if blocks is not None else None
     seen_blocks: list[tuple[int, int, int]] = []
@@ -82,10 +92,7 @@ async def decode_file(dut, data: bytes, rng: random.Random, backpressure: bool) 
     while True:
         if bi < len(beats):
             if not backpressure or rng.random() < 0.7:
-                chunk = beats[bi]
-                dut.input__payload.value = _pack(InputBeat, {
-                    "data": int.from_bytes(chunk, "little"), "n": len(chunk),
-                    "last": bi == len(beats) - 1})
+                dut.input__payload.value = packed[bi]
                 dut.input__valid.value = 1
             else:
                 dut.input__valid.value = 0
@@ -98,23 +105,24 @@ async def decode_file(dut, data: bytes, rng: random.Random, backpressure: bool) 
         if int(dut.coef__valid.value) and ready:
             raw = dut.coef__payload.value
             assert raw.is_resolvable, f"coefficient beat with X/Z bits: {raw}"
-            beat = CoefBeat.from_bits(int(raw))
-            tag = (int(beat.comp), int(beat.by), int(beat.bx))
-            if beat.first:
+            beat = _unpack(int(raw))
+            tag = (beat["comp"], beat["by"], beat["bx"])
+            if beat["first"]:
                 assert not in_block, f"block {tag} started inside another block"
-                assert beat.coef and beat.index == 0, "a block must start with its DC beat"
+                assert beat["coef"] and beat["index"] == 0, "a block must start with its DC beat"
                 in_block = True
                 coefs_in_block = 0
                 seen_blocks.append(tag)
                 assert len(seen_blocks) <= len(order), "more blocks than the frame holds"
             assert in_block and tag == seen_blocks[-1], f"beat {tag} outside its block"
-            if beat.coef:
+            if beat["coef"]:
                 coefs_in_block += 1
                 assert coefs_in_block <= 64, "more than 64 coefficients in a block"
                 if got is not None:
-                    got[tag[0]][tag[1], tag[2], int(beat.index)] = int(beat.value)
-            if beat.last:
-                assert int(beat.count) == coefs_in_block, "count differs from the beats sent"
+                    value = beat["value"] - (beat["value"] >> 15 << 16)
+                    got[tag[0]][tag[1], tag[2], beat["index"]] = value
+            if beat["last"]:
+                assert beat["count"] == coefs_in_block, "count differs from the beats sent"
                 in_block = False
         done = int(dut.done.value)
         await RisingEdge(dut.clk)

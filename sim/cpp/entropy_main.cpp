@@ -1,0 +1,112 @@
+// Verilator harness of the entropy decoder core: runs every clock in C++.
+//
+// Reads jobs from stdin and writes results to stdout, both little-endian binary:
+//   job:    u32 n_writes, u32 writes[n_writes] (TableWrite payloads),
+//           u32 scan[3] (ScanConfig payload, 74 bits), u32 n_bytes, u8 bytes[n_bytes],
+//           u32 ready_percent (100 = coefficient output always ready), u32 seed
+//   result: u32 status, u32 symbols, u64 cycles, u32 n_beats,
+//           then n_beats x (u64 low, u32 high) CoefBeat payloads (66 bits)
+// Verilator spells the ports a__b as a___05Fb. A job with n_writes = 0xFFFFFFFF ends the run. A job whose decode does not finish
+// within 16 * n_bytes + 4096 clocks reports status 0xFFFFFFFF.
+#include <cstdint>
+#include <cstdio>
+#include <vector>
+#include "Ventropy_decoder.h"
+#include "verilated.h"
+
+static bool read_all(void *dst, size_t n) { return fread(dst, 1, n, stdin) == n; }
+
+static void tick(Ventropy_decoder *top) {
+    top->clk = 1;
+    top->eval();
+    top->clk = 0;
+    top->eval();
+}
+
+int main(int argc, char **argv) {
+    Verilated::commandArgs(argc, argv);
+    auto *top = new Ventropy_decoder;
+    top->clk = 0;
+    top->rst = 1;
+    top->eval();
+    tick(top);
+    tick(top);
+    top->rst = 0;
+    for (;;) {
+        uint32_t n_writes;
+        if (!read_all(&n_writes, 4) || n_writes == 0xFFFFFFFFu) break;
+        std::vector<uint32_t> writes(n_writes);
+        uint32_t scan[3], n_bytes, ready_percent, seed;
+        if (!read_all(writes.data(), 4ull * n_writes) || !read_all(scan, 12) || !read_all(&n_bytes, 4)) return 1;
+        std::vector<uint8_t> bytes(n_bytes);
+        if (!read_all(bytes.data(), n_bytes) || !read_all(&ready_percent, 4) || !read_all(&seed, 4)) return 1;
+
+        for (uint32_t w : writes) {
+            top->tables___05Fpayload = w;
+            top->tables___05Fvalid = 1;
+            tick(top);
+        }
+        top->tables___05Fvalid = 0;
+        top->scan[0] = scan[0];
+        top->scan[1] = scan[1];
+        top->scan[2] = scan[2];
+        top->start = 1;
+        tick(top);
+        top->start = 0;
+
+        std::vector<uint64_t> lows;
+        std::vector<uint32_t> highs;
+        uint64_t cycles = 0, bound = 16ull * n_bytes + 4096;
+        size_t pos = 0;
+        uint32_t lfsr = seed ? seed : 1;
+        uint32_t status = 0xFFFFFFFFu;
+        for (;;) {
+            bool have = pos < n_bytes;
+            uint32_t n = have ? (uint32_t)std::min<size_t>(4, n_bytes - pos) : 0;
+            uint64_t data = 0;
+            for (uint32_t j = 0; j < n; ++j) data |= (uint64_t)bytes[pos + j] << (8 * j);
+            bool last = have && pos + n >= n_bytes;
+            top->input___05Fpayload = data | ((uint64_t)n << 32) | ((uint64_t)last << 35);
+            top->input___05Fvalid = have;
+            lfsr ^= lfsr << 13; lfsr ^= lfsr >> 17; lfsr ^= lfsr << 5;
+            bool ready = ready_percent >= 100 || (lfsr % 100) < ready_percent;
+            top->coef___05Fready = ready;
+            top->eval();
+            bool in_fire = have && top->input___05Fready;
+            if (top->coef___05Fvalid && ready) {
+                lows.push_back((uint64_t)top->coef___05Fpayload[0] | ((uint64_t)top->coef___05Fpayload[1] << 32));
+                highs.push_back(top->coef___05Fpayload[2]);
+            }
+            bool done = top->done;
+            if (done) status = top->status;
+            uint32_t symbols = top->symbols;
+            tick(top);
+            ++cycles;
+            if (in_fire) pos += n;
+            if (done) {
+                uint32_t head[2] = {status, symbols};
+                fwrite(head, 4, 2, stdout);
+                break;
+            }
+            if (cycles > bound) {
+                uint32_t head[2] = {0xFFFFFFFFu, symbols};
+                fwrite(head, 4, 2, stdout);
+                top->rst = 1;  // recover for the next job
+                tick(top);
+                top->rst = 0;
+                break;
+            }
+        }
+        uint32_t n_beats = (uint32_t)lows.size();
+        fwrite(&cycles, 8, 1, stdout);
+        fwrite(&n_beats, 4, 1, stdout);
+        for (size_t i = 0; i < lows.size(); ++i) {
+            fwrite(&lows[i], 8, 1, stdout);
+            fwrite(&highs[i], 4, 1, stdout);
+        }
+        fflush(stdout);
+    }
+    top->final();
+    delete top;
+    return 0;
+}
