@@ -58,7 +58,7 @@ def _simplejpeg_safe(info: jpeg.JpegInfo) -> bool:
     return (
         frame is not None
         and info.error is None
-        and info.pillow_error is None
+        and jpeg.pillow_header_error(info) is None
         and not info.mpf
         and not info.junk_bytes
         and info.eoi >= 0

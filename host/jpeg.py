@@ -37,6 +37,7 @@ __all__ = [
     "JpegInfo",
     "parse",
     "classify",
+    "pillow_header_error",
     "DEFAULT_MAX_WIDTH",
     "PILLOW_MAX_PIXELS",
     "HARDWARE_SAMPLINGS",
@@ -161,6 +162,11 @@ class JpegInfo:
         adobe_transform: the APP14 Adobe transform flag, or None without one.
         eoi: offset of EOI, or -1 if the input ends first.
         junk_bytes: bytes skipped between marker segments (libjpeg-turbo warns, decodes).
+        mpf: an APP2 MPF segment was seen (Pillow opens the file as MPO).
+        pillow_error: a fault only Pillow's own header parser trips on (see
+            :func:`pillow_header_error`), or None.
+        pillow_dpi: a JFIF APP0 gave Pillow a dpi (so it skips the EXIF resolution).
+        exif: the EXIF data as Pillow collects it from APP1 segments, or None.
         error: first structural fault (marker, length or table syntax), or None.
         error_offset: byte offset of that fault, or -1.
     """
@@ -180,6 +186,8 @@ class JpegInfo:
     dnl: bool = False
     mpf: bool = False
     pillow_error: str | None = None
+    pillow_dpi: bool = False
+    exif: bytes | None = None
     icc_segments: list[bytes] = field(default_factory=list)
 
     @property
@@ -345,10 +353,20 @@ def parse(data: bytes, *, headers_only: bool = False) -> JpegInfo:
 def _parse_app(info: JpegInfo, marker: int, body: bytes) -> None:
     # libjpeg-turbo jdmarker.c examine_app0/examine_app14 decide the colour space;
     # Pillow's JpegImagePlugin.APP reads fixed offsets and fails on short segments.
+    # Both only look at segments before the first SOS.
+    if info.scans:
+        return
     if marker == 0xE0 and body[:4] == b"JFIF":
         info.jfif = info.jfif or (len(body) >= 14 and body[4] == 0)
         if len(body) < 7:
             info.pillow_error = info.pillow_error or "short JFIF APP0"
+        elif len(body) >= 12 and body[7] in (1, 2):
+            info.pillow_dpi = True
+    elif marker == 0xE1 and body[:6] == b"Exif\x00\x00":
+        info.exif = body if info.exif is None else info.exif + body[6:]
+    elif marker == 0xED and body[:14] == b"Photoshop 3.0\x00":
+        if _photoshop_overrun(body):
+            info.pillow_error = info.pillow_error or "Photoshop APP13 resource past its end"
     elif marker == 0xEE and body[:5] == b"Adobe":
         if len(body) >= 12:
             info.adobe_transform = body[11]
@@ -358,6 +376,69 @@ def _parse_app(info: JpegInfo, marker: int, body: bytes) -> None:
         info.icc_segments.append(body)
     elif marker == 0xE2 and body[:4] == b"MPF\x00":
         info.mpf = True
+
+
+def _photoshop_overrun(body: bytes) -> bool:
+    """Whether Pillow's APP13 "8BIM" resource walk reads a name length past the segment
+    (an IndexError that ``JpegImagePlugin.APP`` does not catch; short integer fields
+    raise struct.error there, which it does catch)."""
+    offset = 14
+    while body[offset:offset + 4] == b"8BIM":
+        offset += 4
+        if offset + 2 > len(body):
+            return False
+        code = int.from_bytes(body[offset:offset + 2], "big")
+        offset += 2
+        if offset >= len(body):
+            return True
+        offset += 1 + body[offset]
+        offset += offset & 1
+        if offset + 4 > len(body):
+            return False
+        size = int.from_bytes(body[offset:offset + 4], "big")
+        offset += 4
+        if code == 0x03ED and len(body[offset:offset + size]) < 14:
+            return False  # ResolutionInfo fields read with struct: caught, walk ends
+        offset += size
+        offset += offset & 1
+    return False
+
+
+def pillow_header_error(info: JpegInfo) -> str | None:
+    """Why Pillow's own header parser (``JpegImagePlugin``, Pillow 13) rejects a file
+    that libjpeg-turbo would decode, or None.
+
+    Covers the short JFIF/Adobe/ICC segments and Photoshop resources found while
+    parsing, and replays ``JpegImageFile._read_dpi_from_exif`` on the EXIF data (it
+    runs when no JFIF density gave a dpi, and lets some exceptions escape).
+    """
+    if info.pillow_error is not None:
+        return info.pillow_error
+    if info.exif is None or info.pillow_dpi:
+        return None
+    import math
+    import struct
+
+    from PIL import Image
+
+    try:
+        exif = Image.Exif()
+        exif.load(info.exif)
+        resolution_unit = exif[0x0128]
+        x_resolution = exif[0x011A]
+        try:
+            dpi = float(x_resolution[0]) / x_resolution[1]
+        except TypeError:
+            dpi = x_resolution
+        if math.isnan(dpi):
+            raise ValueError("DPI is not a number")
+        if resolution_unit == 3:
+            dpi *= 2.54
+    except (struct.error, KeyError, SyntaxError, TypeError, ValueError, ZeroDivisionError):
+        return None
+    except Exception as exc:  # what escapes Pillow's handler makes Image.open fail
+        return f"EXIF resolution: {type(exc).__name__}"
+    return None
 
 
 def _check_icc(info: JpegInfo) -> None:
@@ -521,4 +602,6 @@ def classify(
         return "width"
     if frame.width * frame.height > max_pixels:
         return "too-large"
+    if pillow_header_error(info) is not None:
+        return "malformed-header"
     return None

@@ -1,0 +1,701 @@
+"""dlbooster.jpeg: parse() structure and classify() against the hardware profile."""
+
+from __future__ import annotations
+
+import io
+import struct
+import warnings
+
+import numpy as np
+import pytest
+from dlbooster import DecodeError, backends, jpeg, model
+from hypothesis import assume, given, settings
+from hypothesis import strategies as st
+from jpegtools import (
+    PIL_SUBSAMPLING,
+    SJ_SUBSAMPLING,
+    assert_result_matches_pillow,
+    corpus_paths,
+    corpus_rows,
+    find_rst,
+    fuzz_examples,
+    gen,
+    gif_bytes,
+    make_jpeg,
+    photo_crop,
+    pillow_rgb,
+    png_bytes,
+    rescan,
+    segment,
+    segment_span,
+)
+from PIL import Image
+
+
+def ss_id(s):
+    return {0: "444", 1: "422", 2: "420"}.get(s, str(s))
+
+
+def expected_factors(ss):
+    """Luma (h, v) and label for a generator subsampling argument."""
+    if ss == "gray":
+        return None, "gray"
+    return (PIL_SUBSAMPLING if isinstance(ss, int) else SJ_SUBSAMPLING)[ss]
+
+
+def pillow_header(data: bytes):
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return Image.open(io.BytesIO(data))
+
+
+def offsets(info, marker):
+    return [off for m, off in info.markers if m == marker]
+
+
+def assert_fallback_consistent(data: bytes, reason: str):
+    """classify() gives ``reason``; the model backend declines with it and the result
+    equals Pillow (or is an error exactly where Pillow raises)."""
+    info = jpeg.parse(data)
+    assert jpeg.classify(info) == reason
+    result = backends.decode_result(data, "model")
+    if result.status == "fallback":
+        assert result.reason == reason
+    else:
+        assert result.status == "error", result.status
+    assert_result_matches_pillow(result, data, allow_status=("fallback",))
+    return result
+
+
+# =================================================================================
+# parse(): structure of generated files
+
+STRUCT_CASES = [(w, h, ss) for ss in (0, 1, 2, "440", "411", "gray")
+                for w, h in [(1, 1), (17, 9), (640, 480)]]
+
+
+@pytest.mark.parametrize("w,h,ss", STRUCT_CASES,
+                         ids=[f"{w}x{h}-{ss_id(s)}" for w, h, s in STRUCT_CASES])
+def test_parse_structure(w, h, ss):
+    data = gen(w, h, subsampling=ss, quality=80)
+    info = jpeg.parse(data)
+    im = pillow_header(data)
+    assert info.error is None and not info.not_jpeg
+    assert info.size == len(data)
+    frame = info.frame
+    assert (frame.width, frame.height) == (w, h) == im.size
+    assert frame.sof == 0 and frame.precision == 8
+    factors, label = expected_factors(ss)
+    assert info.subsampling == label
+    if ss == "gray":
+        assert len(frame.components) == 1
+        assert info.color_space == "gray"
+    else:
+        assert len(frame.components) == 3
+        assert (frame.components[0].h, frame.components[0].v) == factors
+        assert all((c.h, c.v) == (1, 1) for c in frame.components[1:])
+        assert (frame.hmax, frame.vmax) == factors
+        assert info.color_space == "ycbcr"
+    # Pillow's own view of the frame: (id, h, v, tq) per component.
+    assert [(c.id, c.h, c.v, c.tq) for c in frame.components] == [tuple(t) for t in im.layer]
+    # One interleaved scan over every component, tables present.
+    assert len(info.scans) == 1
+    scan = info.scans[0]
+    assert [index for index, _, _ in scan.components] == list(range(len(frame.components)))
+    for _index, td, ta in scan.components:
+        assert td in scan.dc_tables and ta in scan.ac_tables
+        assert scan.dc_tables[td].check(True) is None
+        assert scan.ac_tables[ta].check(False) is None
+        assert sum(scan.dc_tables[td].counts) == len(scan.dc_tables[td].symbols)
+    assert scan.restart_interval == 0 and scan.restarts == 0
+    # Quantisation tables in natural order, as Pillow reports them.
+    assert set(scan.qtables) == set(im.quantization)
+    for k, table in scan.qtables.items():
+        assert table.shape == (64,)
+        assert table.tolist() == list(im.quantization[k])
+    # Entropy-coded segment: right after the SOS header, up to EOI.
+    sos = offsets(info, 0xDA)
+    assert len(sos) == 1
+    assert scan.data_start == segment_span(data, sos[0])[1]
+    assert scan.data_end == info.eoi == len(data) - 2
+    assert data[info.eoi:] == b"\xff\xd9"
+    assert info.trailing == 0 and info.junk_bytes == 0
+    assert info.markers[-1] == (0xD9, len(data) - 2)
+    assert info.markers[0][1] == 2
+    assert info.jfif
+    kinds = [m for m, _ in info.markers]
+    assert 0xDB in kinds and 0xC4 in kinds and kinds.index(0xC0) < kinds.index(0xDA)
+    assert jpeg.classify(info) == (None if label != "other" else "sampling")
+
+
+def test_qtables_natural_order_against_pillow_zigzag():
+    # A ramp in natural order must come back as the same ramp (Pillow writes the DQT in
+    # zigzag order; parse() must undo it).
+    ramp = [1 + i for i in range(64)]
+    data = gen(16, 16, subsampling=0, qtables=[ramp, ramp[::-1]])
+    info = jpeg.parse(data)
+    assert info.scans[0].qtables[0].tolist() == ramp
+    assert info.scans[0].qtables[1].tolist() == ramp[::-1]
+    dqt = offsets(info, 0xDB)[0]
+    assert list(data[dqt + 5: dqt + 5 + 64]) == [ramp[k] for k in jpeg.ZIGZAG]
+
+
+@pytest.mark.parametrize("ss", (0, 2, "gray"), ids=ss_id)
+def test_parse_16bit_qtables(ss):
+    tables = [[300 + i for i in range(64)], [1000] * 63 + [32767]]
+    data = gen(24, 24, subsampling=ss, qtables=tables[:1] if ss == "gray" else tables)
+    info = jpeg.parse(data)
+    im = pillow_header(data)
+    for k, table in info.scans[0].qtables.items():
+        assert table.tolist() == list(im.quantization[k]) == tables[k]
+    assert jpeg.classify(info) is None
+
+
+@pytest.mark.parametrize("ss", (0, 1, 2, "gray"), ids=ss_id)
+@pytest.mark.parametrize("w,h,kw", [
+    (100, 40, dict(restart_blocks=1)), (100, 40, dict(restart_blocks=3)),
+    (100, 40, dict(restart_blocks=1000)), (77, 61, dict(restart_rows=1)),
+    (77, 61, dict(restart_rows=2)),
+], ids=["b1", "b3", "b1000", "r1", "r2"])
+def test_parse_restart_intervals(ss, w, h, kw):
+    data = gen(w, h, subsampling=ss, quality=70, **kw)
+    info = jpeg.parse(data)
+    frame = info.frame
+    if ss == "gray":
+        mcux, mcuy = -(-w // 8), -(-h // 8)
+    else:
+        mcux, mcuy = -(-w // (8 * frame.hmax)), -(-h // (8 * frame.vmax))
+    interval = kw.get("restart_blocks") or kw["restart_rows"] * mcux
+    scan = info.scans[0]
+    assert scan.restart_interval == interval
+    expected = -(-(mcux * mcuy) // interval) - 1
+    assert scan.restarts == expected
+    rst = find_rst(data, scan.data_start, scan.data_end)
+    assert len(rst) == expected
+    assert [data[o + 1] for o in rst] == [0xD0 + (i & 7) for i in range(expected)]
+    assert scan.data_end == info.eoi
+    assert jpeg.classify(info) is None
+
+
+def test_parse_trailing_bytes():
+    data = gen(33, 17, subsampling=2)
+    for extra in (b"x", b"\x00" * 100, b"\xff\xd8\xff\xe0junk"):
+        info = jpeg.parse(data + extra)
+        assert info.eoi == len(data) - 2
+        assert info.trailing == len(extra)
+        assert jpeg.classify(info) is None
+        result = backends.decode_result(data + extra, "model")
+        assert result.status == "ok"
+        assert_result_matches_pillow(result, data + extra)
+
+
+def test_parse_app_and_com_segments_are_skipped():
+    # APPn segments of every size (incl. >= 256 bytes) and COM do not disturb the frame.
+    base = gen(40, 24, subsampling=2)
+    extra = (segment(0xE1, b"Exif\x00\x00" + bytes(300)) + segment(0xFE, b"hello")
+             + segment(0xE5, bytes(range(256)) * 4) + segment(0xED, b""))
+    data = base[:2] + extra + base[2:]
+    info = jpeg.parse(data)
+    assert info.error is None
+    kinds = [m for m, _ in info.markers]
+    assert kinds[:4] == [0xE1, 0xFE, 0xE5, 0xED]
+    assert jpeg.classify(info) is None
+    result = backends.decode_result(data, "model")
+    assert result.status == "ok"
+    assert_result_matches_pillow(result, data)
+
+
+# =================================================================================
+# classify(): accepted files
+
+
+@pytest.mark.parametrize("kw", [
+    dict(subsampling=0), dict(subsampling=1), dict(subsampling=2), dict(subsampling="440"),
+    dict(subsampling="gray"), dict(subsampling=2, restart_blocks=4),
+    dict(subsampling=1, optimize=True), dict(subsampling=0, qtables=[[400] * 64, [2] * 64]),
+    dict(subsampling="444"), dict(subsampling="422"), dict(subsampling="420"),
+], ids=lambda kw: "-".join(f"{k}={v}" for k, v in kw.items())[:40])
+def test_classify_accepts_hardware_profile(kw):
+    data = gen(50, 30, **kw)
+    info = jpeg.parse(data)
+    assert jpeg.classify(info) is None
+    assert jpeg.classify(info, max_width=50) is None
+    assert jpeg.classify(info, max_pixels=1500) is None
+    result = backends.decode_result(data, "model")
+    assert result.status == "ok"
+    assert_result_matches_pillow(result, data)
+
+
+def test_classify_width_and_size_limits():
+    data = gen(50, 30, subsampling=2)
+    info = jpeg.parse(data)
+    assert jpeg.classify(info, max_width=49) == "width"
+    assert jpeg.classify(info, max_pixels=1499) == "too-large"
+    result = backends.decode_result(data, backends.ModelBackend(max_width=49))
+    assert result.status == "fallback" and result.reason == "width"
+    assert_result_matches_pillow(result, data)
+
+
+def test_classify_default_max_width():
+    # Headers only: a 3-component baseline frame just over the default width.
+    data = bytearray(gen(16, 8, subsampling=0))
+    info = jpeg.parse(bytes(data))
+    sof = offsets(info, 0xC0)[0]
+    for width, want in [(jpeg.DEFAULT_MAX_WIDTH, None), (jpeg.DEFAULT_MAX_WIDTH + 1, "width")]:
+        data[sof + 7: sof + 9] = struct.pack(">H", width)
+        assert jpeg.classify(jpeg.parse(bytes(data))) == want
+
+
+# =================================================================================
+# classify(): reasons
+
+
+@pytest.mark.parametrize("ss", (0, 2, "gray"), ids=ss_id)
+def test_classify_progressive(ss):
+    data = gen(40, 30, subsampling=ss, progressive=True)
+    info = jpeg.parse(data)
+    assert info.frame.sof == 2
+    assert len(info.scans) > 1
+    assert_fallback_consistent(data, "progressive")
+
+
+def test_classify_411_is_sampling():
+    data = gen(40, 30, subsampling="411")
+    info = jpeg.parse(data)
+    assert (info.frame.components[0].h, info.frame.components[0].v) == (4, 1)
+    assert info.subsampling == "other"
+    assert_fallback_consistent(data, "sampling")
+
+
+def test_classify_cmyk_is_components():
+    data = gen(40, 30, mode="CMYK", quality=90)
+    info = jpeg.parse(data)
+    assert len(info.frame.components) == 4
+    assert info.color_space in ("cmyk", "ycck")
+    assert_fallback_consistent(data, "components")
+
+
+@pytest.mark.parametrize("kind", ["png", "gif", "empty", "soi-only", "ff", "text", "bmp"])
+def test_classify_not_jpeg(kind):
+    img = photo_crop(20, 10)
+    data = {
+        "png": png_bytes(img), "gif": gif_bytes(img), "empty": b"", "soi-only": b"\xff\xd8",
+        "ff": b"\xff", "text": b"not a jpeg at all",
+        "bmp": (lambda b: (img.save(b, "BMP"), b.getvalue())[1])(io.BytesIO()),
+    }[kind]
+    info = jpeg.parse(data)
+    assert info.not_jpeg
+    assert info.frame is None
+    assert jpeg.classify(info) == "not-jpeg"
+    assert_fallback_consistent(data, "not-jpeg")
+
+
+@pytest.mark.parametrize("groups", [[[0], [1], [2]], [[0, 1], [2]], [[0], [1, 2]]],
+                         ids=["1-1-1", "2-1", "1-2"])
+@pytest.mark.parametrize("ss", (0, 1, 2, "440"), ids=ss_id)
+def test_classify_non_interleaved(ss, groups):
+    base = gen(45, 37, subsampling=ss, quality=85)
+    info = jpeg.parse(base)
+    out = model.decode(base, info=info)
+    data = rescan(base, info, out.coefficients, groups)
+    info2 = jpeg.parse(data)
+    assert len(info2.scans) == len(groups)
+    assert [[i for i, _, _ in s.components] for s in info2.scans] == groups
+    result = assert_fallback_consistent(data, "non-interleaved")
+    # The same coefficients in another scan layout decode to the same picture.
+    assert np.array_equal(result.image, out.rgb)
+
+
+def test_classify_multi_scan():
+    base = gen(45, 37, subsampling=2, quality=85)
+    info = jpeg.parse(base)
+    out = model.decode(base, info=info)
+    data = rescan(base, info, out.coefficients, [[0, 1, 2], [0, 1, 2]])
+    assert len(jpeg.parse(data).scans) == 2
+    assert_fallback_consistent(data, "multi-scan")
+
+
+@pytest.mark.parametrize("sof,reason", [
+    (0xC2, "progressive"), (0xC3, "lossless"), (0xC5, "hierarchical"), (0xC6, "hierarchical"),
+    (0xC7, "hierarchical"), (0xC9, "arithmetic"), (0xCA, "arithmetic"), (0xCB, "lossless"),
+    (0xCD, "hierarchical"), (0xCE, "hierarchical"), (0xCF, "hierarchical"), (0xC1, None),
+])
+def test_classify_frame_types(sof, reason):
+    data = bytearray(gen(24, 16, subsampling=2))
+    off = offsets(jpeg.parse(bytes(data)), 0xC0)[0]
+    data[off + 1] = sof
+    data = bytes(data)
+    info = jpeg.parse(data)
+    assert info.frame.sof == sof & 0x0F
+    if reason is None:
+        assert jpeg.classify(info) is None
+        assert_result_matches_pillow(backends.decode_result(data, "model"), data)
+    else:
+        assert_fallback_consistent(data, reason)
+
+
+@pytest.mark.parametrize("precision", [12, 16, 7])
+def test_classify_precision(precision):
+    data = bytearray(gen(24, 16, subsampling="gray"))
+    off = offsets(jpeg.parse(bytes(data)), 0xC0)[0]
+    data[off + 4] = precision
+    assert_fallback_consistent(bytes(data), "precision")
+
+
+def test_classify_dnl_height_zero():
+    data = bytearray(gen(24, 16, subsampling=0))
+    off = offsets(jpeg.parse(bytes(data)), 0xC0)[0]
+    data[off + 5: off + 7] = b"\x00\x00"
+    assert_fallback_consistent(bytes(data), "dnl")
+
+
+def _replace_app0(data: bytes, new: bytes) -> bytes:
+    info = jpeg.parse(data)
+    start, end = segment_span(data, offsets(info, 0xE0)[0])
+    return data[:start] + new + data[end:]
+
+
+ADOBE = b"Adobe" + b"\x00\x64" + b"\x00\x00" + b"\x00\x00"
+
+
+@pytest.mark.parametrize("ss", (0, 2), ids=ss_id)
+def test_classify_adobe_rgb_is_color_transform(ss):
+    data = _replace_app0(gen(24, 16, subsampling=ss), segment(0xEE, ADOBE + b"\x00"))
+    info = jpeg.parse(data)
+    assert not info.jfif and info.adobe_transform == 0
+    assert info.color_space == "rgb"
+    assert_fallback_consistent(data, "color-transform")
+
+
+def test_classify_adobe_ycbcr_is_accepted():
+    data = _replace_app0(gen(24, 16, subsampling=2), segment(0xEE, ADOBE + b"\x01"))
+    info = jpeg.parse(data)
+    assert info.color_space == "ycbcr"
+    assert jpeg.classify(info) is None
+    result = backends.decode_result(data, "model")
+    assert result.status == "ok"
+    assert_result_matches_pillow(result, data)
+
+
+def test_classify_rgb_component_ids_without_jfif():
+    data = bytearray(_replace_app0(gen(24, 16, subsampling=0), b""))
+    info = jpeg.parse(bytes(data))
+    sof = offsets(info, 0xC0)[0]
+    sos = offsets(info, 0xDA)[0]
+    for k, cid in enumerate(b"RGB"):
+        data[sof + 10 + 3 * k] = cid
+        data[sos + 5 + 2 * k] = cid
+    data = bytes(data)
+    assert jpeg.parse(data).color_space == "rgb"
+    assert_fallback_consistent(data, "color-transform")
+    # With a JFIF marker the same ids mean YCbCr (libjpeg-turbo: JFIF wins).
+    jfif = gen(24, 16, subsampling=0)
+    app0 = segment_span(jfif, 2)
+    with_jfif = data[:2] + jfif[app0[0]: app0[1]] + data[2:]
+    assert jpeg.parse(with_jfif).color_space == "ycbcr"
+    assert jpeg.classify(jpeg.parse(with_jfif)) is None
+    assert_result_matches_pillow(backends.decode_result(with_jfif, "model"), with_jfif)
+
+
+@pytest.mark.parametrize("marker", [0xC4, 0xDB])
+def test_classify_missing_tables(marker):
+    data = gen(24, 16, subsampling=2)
+    info = jpeg.parse(data)
+    spans = [segment_span(data, off) for off in offsets(info, marker)]
+    for start, end in reversed(spans):
+        data = data[:start] + data[end:]
+    assert_fallback_consistent(data, "missing-table")
+
+
+def test_classify_bad_tables():
+    data = gen(24, 16, subsampling=0, qtables=[[300] * 64, [300] * 64])
+    info = jpeg.parse(data)
+    off = offsets(info, 0xDB)[0]
+    assert data[off + 4] >> 4 == 1
+    too_big = data[:off + 5] + struct.pack(">H", 40000) + data[off + 7:]
+    assert jpeg.parse(too_big).scans[0].qtables[0][0] == 40000
+    assert_fallback_consistent(too_big, "bad-table")
+    # A DHT whose code counts overflow the code space.
+    data = gen(24, 16, subsampling=0)
+    info = jpeg.parse(data)
+    dht = offsets(info, 0xC4)[0]
+    counts = bytearray(data[dht + 5: dht + 21])
+    need = 3 - counts[0]
+    counts[0] = 3  # three 1-bit codes, taken from the longest lengths: same symbol count
+    for i in range(15, 0, -1):
+        take = min(need, counts[i])
+        counts[i] -= take
+        need -= take
+    assert need == 0
+    bad = data[:dht + 5] + bytes(counts) + data[dht + 21:]
+    assert jpeg.parse(bad).error is None
+    assert_fallback_consistent(bad, "bad-table")
+
+
+def test_classify_dc_symbol_above_15():
+    data = bytearray(gen(24, 16, subsampling="gray"))
+    info = jpeg.parse(bytes(data))
+    dht = [off for off in offsets(info, 0xC4) if data[off + 4] >> 4 == 0][0]
+    n = sum(data[dht + 5: dht + 21])
+    data[dht + 21 + n - 1] = 16
+    assert_fallback_consistent(bytes(data), "bad-table")
+
+
+def test_classify_after_scan():
+    data = gen(24, 16, subsampling=2)
+    assert_fallback_consistent(data[:-2], "after-scan")
+    with_com = data[:-2] + segment(0xFE, b"trailer") + b"\xff\xd9"
+    assert_fallback_consistent(with_com, "after-scan")
+
+
+def test_classify_junk_between_segments():
+    data = gen(24, 16, subsampling=2)
+    info = jpeg.parse(data)
+    sof = offsets(info, 0xC0)[0]
+    junky = data[:sof] + b"\x12\x34" + data[sof:]
+    info = jpeg.parse(junky)
+    assert info.junk_bytes == 2
+    assert_fallback_consistent(junky, "junk")
+
+
+def test_classify_mpo():
+    a = photo_crop(32, 24, "astronaut.png")
+    b = photo_crop(32, 24, "coffee.png")
+    buf = io.BytesIO()
+    a.save(buf, "MPO", save_all=True, append_images=[b])
+    data = buf.getvalue()
+    assert jpeg.parse(data).mpf
+    assert_fallback_consistent(data, "mpo")
+
+
+def test_classify_no_frame_no_scan():
+    data = gen(24, 16, subsampling=2)
+    info = jpeg.parse(data)
+    assert jpeg.classify(jpeg.parse(b"\xff\xd8\xff\xd9")) == "no-frame"
+    sos = offsets(info, 0xDA)[0]
+    assert_fallback_consistent(data[:sos] + b"\xff\xd9", "no-scan")
+
+
+def test_classify_short_jfif_is_malformed_for_pillow():
+    # Pillow's APP0 handler reads a 16-bit version at offset 5; a shorter JFIF segment
+    # makes Pillow fail, so the file must not be decoded by the hardware either.
+    data = _replace_app0(gen(24, 16, subsampling=2), segment(0xE0, b"JFIF\x00"))
+    info = jpeg.parse(data)
+    assert info.pillow_error is not None
+    ref, exc = pillow_rgb(data)
+    assert exc is not None
+    assert_fallback_consistent(data, "malformed-header")
+
+
+@pytest.mark.parametrize("ss", (0, 2, "gray"), ids=ss_id)
+def test_classify_truncated_headers(ss):
+    data = gen(24, 16, subsampling=ss, restart_blocks=2)
+    info = jpeg.parse(data)
+    header_end = info.scans[0].data_start
+    spans = [segment_span(data, off) for m, off in info.markers if m != 0xD9]
+    sof_end = segment_span(data, offsets(info, 0xC0)[0])[1]
+    for k in range(0, header_end):
+        cut = data[:k]
+        cut_info = jpeg.parse(cut)
+        reason = jpeg.classify(cut_info)
+        if k < 3:
+            want = "not-jpeg"
+        elif any(start + 2 <= k < end for start, end in spans):
+            want = "malformed-header"
+        elif k < sof_end:
+            want = "no-frame"
+        else:
+            want = "no-scan"
+        assert reason == want, (k, reason, cut_info.error)
+        if k % 7 == 0 or want == "no-scan":
+            ref, exc = pillow_rgb(cut)
+            assert exc is not None
+            result = backends.decode_result(cut, "model")
+            assert result.status == "error"
+
+
+def test_classify_unexpected_marker_in_header():
+    data = gen(24, 16, subsampling=2)
+    info = jpeg.parse(data)
+    sof = offsets(info, 0xC0)[0]
+    for marker in (0xD0, 0x01, 0x02, 0xD8):
+        bad = data[:sof] + bytes([0xFF, marker]) + data[sof:]
+        info = jpeg.parse(bad)
+        assert info.error is not None and info.error_offset == sof
+        assert jpeg.classify(info) == "malformed-header"
+        assert_result_matches_pillow(backends.decode_result(bad, "model"), bad,
+                                     allow_status=("fallback",))
+
+
+# =================================================================================
+# Corpus: parse + classify never raise; headers agree with Pillow's parser
+
+
+def test_corpus_parse_classify_never_raise(corpus_dir):
+    root = corpus_dir
+    paths = corpus_paths()
+    assert paths
+    checked = agreed = 0
+    reasons = {}
+    for rel in paths:
+        data = (root / rel).read_bytes()
+        info = jpeg.parse(data)
+        reason = jpeg.classify(info)
+        assert reason is None or isinstance(reason, str)
+        reasons[reason] = reasons.get(reason, 0) + 1
+        assert info.not_jpeg == (data[:3] != b"\xff\xd8\xff"), rel
+        assert jpeg.classify(info, max_width=1) in (reason, "width", "too-large")
+        if reason is not None:
+            continue
+        # Accepted files: Pillow's header parser must see the same frame and tables.
+        checked += 1
+        try:
+            im = pillow_header(data)
+        except Exception as exc:  # noqa: BLE001
+            pytest.fail(f"{rel}: classify() accepts it, Pillow cannot open it: {exc!r}")
+        frame = info.frame
+        assert im.format == "JPEG", rel
+        assert im.size == (frame.width, frame.height), rel
+        assert [tuple(t) for t in im.layer] == [(c.id, c.h, c.v, c.tq) for c in frame.components]
+        assert im.mode == ("L" if len(frame.components) == 1 else "RGB"), rel
+        for k, table in info.scans[0].qtables.items():
+            assert table.tolist() == list(im.quantization[k]), (rel, k)
+        agreed += 1
+    assert checked == agreed
+    assert sum(reasons.values()) == len(paths)
+
+
+def test_corpus_12bit_files(corpus_dir):
+    root = corpus_dir
+    rows = [r for r in corpus_rows() if r["precision"] == "12" and r["sof"] in ("SOF0", "SOF1")]
+    if not rows:
+        pytest.skip("no 12-bit sequential files in the corpus")
+    for r in rows:
+        data = (root / r["path"]).read_bytes()
+        info = jpeg.parse(data)
+        assert info.frame is not None and info.frame.precision == 12
+        assert jpeg.classify(info) == "precision", r["path"]
+        result = backends.decode_result(data, "model")
+        assert result.status in ("fallback", "error")
+        assert_result_matches_pillow(result, data, allow_status=("fallback",))
+
+
+# =================================================================================
+# Fuzzing
+
+
+@settings(max_examples=fuzz_examples(300))
+@given(st.binary(max_size=2000))
+def test_fuzz_arbitrary_bytes(data):
+    info = jpeg.parse(data)
+    reason = jpeg.classify(info)
+    assert reason is None or isinstance(reason, str)
+    if data[:3] != b"\xff\xd8\xff":
+        assert reason == "not-jpeg"
+        assert info.not_jpeg
+
+
+_MARKERISH = st.sampled_from([b"\xff\xd8", b"\xff\xd9", b"\xff\xc0", b"\xff\xc4", b"\xff\xdb",
+                              b"\xff\xda", b"\xff\xdd", b"\xff\xe0", b"\xff\xd0", b"\xff\x00",
+                              b"\xff\xff", b"\x00\x02", b"\x00\x11", b"\xff\xc2", b"\x00"])
+
+
+@settings(max_examples=fuzz_examples(300))
+@given(st.lists(st.one_of(st.binary(max_size=40), _MARKERISH), max_size=30))
+def test_fuzz_bytes_after_soi(parts):
+    data = b"\xff\xd8\xff" + b"".join(parts)
+    info = jpeg.parse(data)
+    reason = jpeg.classify(info)
+    assert reason is None or isinstance(reason, str)
+    assert not info.not_jpeg
+    assert reason != "not-jpeg"
+    if reason is None:
+        # Whatever the header fuzz accepted must be safe to hand to the model.
+        assume(info.frame.width * info.frame.height <= 4_000_000)
+        assert_result_matches_pillow(backends.decode_result(data, "model"), data)
+
+
+def _seed_files() -> list[bytes]:
+    from PIL.TiffImagePlugin import IFDRational
+
+    exif = Image.Exif()
+    exif[0x0128] = 2
+    exif[0x011A] = IFDRational(300, 1)
+    exif[0x010F] = "dlbooster"
+    seeds = [make_jpeg(24, 16, subsampling=ss, quality=q)
+             for ss, q in [(0, 90), (1, 50), (2, 75), ("440", 85), ("gray", 60)]]
+    seeds += [
+        make_jpeg(24, 16, subsampling=2, restart_blocks=1),
+        make_jpeg(20, 12, subsampling=0, restart_rows=1, optimize=True),
+        make_jpeg(24, 16, subsampling=2, progressive=True),
+        make_jpeg(17, 9, subsampling=0, qtables=[[300] * 64, [2] * 64]),
+        make_jpeg(24, 16, subsampling=1, exif=exif.tobytes()),
+        make_jpeg(24, 16, subsampling=2, icc_profile=b"\x00" * 200),
+    ]
+    # APP segments that Pillow's Python parser reads field by field (Photoshop IRB,
+    # Adobe, JFIF with density), to fuzz the places where Pillow itself may refuse.
+    base = make_jpeg(24, 16, subsampling=0, quality=80)
+    irb = (b"Photoshop 3.0\x00" + b"8BIM\x03\xed\x00\x00" + struct.pack(">I", 16)
+           + struct.pack(">IHHIHH", 72 << 16, 1, 1, 72 << 16, 1, 1)
+           + b"8BIM\x04\x04\x00\x00" + struct.pack(">I", 3) + b"abc\x00")
+    adobe = b"Adobe\x00\x64\x00\x00\x00\x00\x01"
+    seeds.append(base[:2] + segment(0xED, irb) + segment(0xEE, adobe) + base[2:])
+    return seeds
+
+
+SEEDS = _seed_files()
+
+
+@st.composite
+def mutated_jpeg(draw):
+    seed = draw(st.sampled_from(SEEDS))
+    data = bytearray(seed)
+    scan = jpeg.parse(seed).scans[0]
+    for _ in range(draw(st.integers(1, 3))):
+        kind = draw(st.sampled_from(["flip", "flip", "truncate", "insert", "delete",
+                                     "overwrite", "marker"]))
+        if draw(st.booleans()) and scan.data_end <= len(data):
+            # Aim at the entropy-coded data half of the time.
+            pos = draw(st.integers(scan.data_start, scan.data_end - 1))
+        else:
+            pos = draw(st.integers(0, len(data) - 1))
+        if kind == "flip":
+            data[pos] ^= 1 << draw(st.integers(0, 7))
+        elif kind == "truncate":
+            del data[pos:]
+        elif kind == "insert":
+            data[pos:pos] = draw(st.binary(min_size=1, max_size=8))
+        elif kind == "delete":
+            del data[pos: pos + draw(st.integers(1, 8))]
+        elif kind == "overwrite":
+            chunk = draw(st.binary(min_size=1, max_size=4))
+            data[pos: pos + len(chunk)] = chunk
+        else:
+            data[pos:pos] = bytes([0xFF, draw(st.sampled_from(
+                [0xD0, 0xD3, 0xD7, 0xD9, 0xD8, 0xC4, 0xDA, 0xE0, 0xFE, 0x00, 0xFF]))])
+        if not data:
+            break
+    return bytes(data)
+
+
+@settings(max_examples=fuzz_examples(400))
+@given(mutated_jpeg())
+def test_fuzz_mutated_files(data):
+    info = jpeg.parse(data)
+    reason = jpeg.classify(info)
+    assert reason is None or isinstance(reason, str)
+    frame = info.frame
+    assume(frame is None or frame.width * frame.height <= 4_000_000)
+    result = backends.decode_result(data, "model")
+    if result.status == "ok":
+        assert reason is None
+    assert_result_matches_pillow(result, data)
+    # The CPU path alone (simplejpeg fast path or Pillow) is the reference too.
+    ref, exc = pillow_rgb(data)
+    try:
+        image = backends.CpuBackend().decode(data)
+    except DecodeError:
+        assert exc is not None, "CPU path raises where Pillow decodes"
+    else:
+        assert exc is None, f"CPU path decodes where Pillow raises {exc!r}"
+        assert np.array_equal(image, ref)
