@@ -85,6 +85,7 @@ class EntropyHarness:
             self.proc.stdin.write(struct.pack("<I", 0xFFFFFFFF))
             self.proc.stdin.close()
             self.proc.wait()
+        self.proc.stdout.close()
 
     def decode(self, data: bytes, info=None, *, ready_percent: int = 100, seed: int = 1) -> HarnessResult:
         """Decode the first scan of a hardware-decodable JPEG.
