@@ -323,6 +323,10 @@ class EntropyDecoder(wiring.Component):
 
     Throughput: one symbol per clock while the bit buffer holds the symbol's code and
     extra bits and ``coef`` is ready; the buffer refills 4 bytes per clock.
+
+    Pipeline: the loop through the bit buffer (code length, symbol, consumed bits,
+    shift) runs in one clock; the symbol's value (extra bits, EXTEND, DC prediction) is
+    computed in a second stage, and the beat is registered in a third.
     """
 
     def __init__(self):
@@ -380,17 +384,41 @@ class EntropyDecoder(wiring.Component):
         run = Mux(is_dc, 0, sym[4:])
         need = Signal(6)
         m.d.comb += need.eq(length + size)
-        after = Signal(16)
-        unused = Signal(5)
-        m.d.comb += [after.eq((window << length)[16:32]), unused.eq(16 - size)]
+
+        # Stage 2 register: a decoded symbol waiting for its value (extra bits, EXTEND,
+        # DC prediction), computed off the bit-buffer loop (T.81 F.2.2.1).
+        r1 = Signal(data.StructLayout({
+            "valid": 1, "after": 16, "size": 4, "dc": 1, "coef": 1, "last": 1,
+            "comp": 2, "bx": 16, "by": 16, "index": 6, "count": 7,
+        }))
+        out_free = ~self.coef.valid | self.coef.ready
+        r1_free = ~r1.valid | out_free
         value = Signal(signed(17))
-        m.d.comb += value.eq(extend(after >> unused, size))
+        unused = Signal(5)
+        m.d.comb += [
+            unused.eq(16 - r1.size),
+            value.eq(extend(r1.after >> unused, r1.size)),
+        ]
+        beat = self.coef.payload
+        with m.If(self.coef.ready):
+            m.d.sync += self.coef.valid.eq(0)
+        with m.If(r1.valid & out_free):
+            total = pred[r1.comp] + value
+            with m.If(r1.dc):
+                m.d.sync += pred[r1.comp].eq(total)
+            m.d.sync += [
+                self.coef.valid.eq(1),
+                beat.comp.eq(r1.comp), beat.bx.eq(r1.bx), beat.by.eq(r1.by),
+                beat.index.eq(r1.index), beat.coef.eq(r1.coef), beat.first.eq(r1.dc),
+                beat.last.eq(r1.last), beat.count.eq(r1.count),
+                beat.value.eq(Mux(~r1.coef, 0, Mux(r1.dc, total[:16], value[:16]))),
+                r1.valid.eq(0),
+            ]
 
         stopped = us.marker_valid | us.at_end
         have_bits = hf.valid & (need <= cnt)
         no_code = ~hf.valid & ((cnt >= 16) | stopped)
         starved = hf.valid & (need > cnt) & stopped
-        out_free = ~self.coef.valid | self.coef.ready
 
         # Bit buffer refill: all four offered bytes fit when cnt <= 32 (deciding on the
         # pre-consumption count keeps the lookup off the path to the input's ready).
@@ -410,10 +438,6 @@ class EntropyDecoder(wiring.Component):
         kk = Signal(7)
         m.d.comb += kk.eq(k + run)
         natural = Array([Const(n, 6) for n in _ZIGZAG])
-
-        beat = self.coef.payload
-        with m.If(self.coef.ready):
-            m.d.sync += self.coef.valid.eq(0)
 
         symbols = Signal(32)
         m.d.comb += [self.symbols.eq(symbols), self.status.eq(status)]
@@ -444,37 +468,33 @@ class EntropyDecoder(wiring.Component):
                 with m.If(fault != 0):
                     m.d.sync += status.eq(fault)
                     m.next = "DRAIN"
-                with m.Elif(have_bits & out_free):
+                with m.Elif(have_bits & r1_free):
                     m.d.comb += consumed.eq(need)
-                    m.d.sync += symbols.eq(symbols + 1)
-                    m.d.sync += [beat.comp.eq(comp), beat.bx.eq((mcu_x << h2) | bxi),
-                                 beat.by.eq((mcu_y << v2) | byi), beat.first.eq(is_dc)]
+                    m.d.sync += [
+                        symbols.eq(symbols + 1),
+                        r1.after.eq((window << length)[16:32]), r1.size.eq(size),
+                        r1.dc.eq(is_dc), r1.comp.eq(comp), r1.bx.eq((mcu_x << h2) | bxi),
+                        r1.by.eq((mcu_y << v2) | byi),
+                    ]
                     with m.If(is_dc):
-                        total = pred[comp] + value
-                        m.d.sync += [
-                            pred[comp].eq(total),
-                            beat.index.eq(0), beat.value.eq(total[:16]), beat.coef.eq(1),
-                            beat.last.eq(0), self.coef.valid.eq(1),
-                            k.eq(1), ncoef.eq(1),
-                        ]
+                        m.d.sync += [r1.valid.eq(1), r1.coef.eq(1), r1.last.eq(0),
+                                     r1.index.eq(0), k.eq(1), ncoef.eq(1)]
                     with m.Elif(size != 0):
                         m.d.sync += [
-                            beat.index.eq(natural[kk[:6]]), beat.value.eq(value[:16]),
-                            beat.coef.eq(1), beat.last.eq(kk == 63), beat.count.eq(ncoef + 1),
-                            self.coef.valid.eq(1), k.eq(kk + 1), ncoef.eq(ncoef + 1),
+                            r1.valid.eq(1), r1.coef.eq(1), r1.last.eq(kk == 63),
+                            r1.index.eq(natural[kk[:6]]), r1.count.eq(ncoef + 1),
+                            k.eq(kk + 1), ncoef.eq(ncoef + 1),
                         ]
                         m.d.comb += block_done.eq(kk == 63)
                     with m.Elif(run == 15):
                         m.d.sync += k.eq(k + 16)
                         with m.If(k + 16 == 64):
-                            m.d.sync += [beat.coef.eq(0), beat.last.eq(1), beat.index.eq(0),
-                                         beat.value.eq(0), beat.count.eq(ncoef),
-                                         self.coef.valid.eq(1)]
+                            m.d.sync += [r1.valid.eq(1), r1.coef.eq(0), r1.last.eq(1),
+                                         r1.index.eq(0), r1.count.eq(ncoef)]
                             m.d.comb += block_done.eq(1)
-                    with m.Else():  # EOB
-                        m.d.sync += [beat.coef.eq(0), beat.last.eq(1), beat.index.eq(0),
-                                     beat.value.eq(0), beat.count.eq(ncoef),
-                                     self.coef.valid.eq(1)]
+                    with m.Else():  # EOB (libjpeg treats any run with size 0 but ZRL as EOB)
+                        m.d.sync += [r1.valid.eq(1), r1.coef.eq(0), r1.last.eq(1),
+                                     r1.index.eq(0), r1.count.eq(ncoef)]
                         m.d.comb += block_done.eq(1)
                 with m.If(block_done):
                     m.d.sync += k.eq(0)
@@ -507,10 +527,11 @@ class EntropyDecoder(wiring.Component):
                     ]
             with m.State("RESTART"):
                 # T.81 F.2.2.5 / jdhuff.c process_restart: drop buffered bits, skip to
-                # the next marker, which must be the expected RSTn.
+                # the next marker, which must be the expected RSTn. The predictors are
+                # reset once the symbols before the marker have left stage 2.
                 m.d.comb += [self.busy.eq(1), us.seek.eq(1)]
                 m.d.sync += [buf.eq(0), cnt.eq(0)]
-                with m.If(us.marker_valid):
+                with m.If(~r1.valid & us.marker_valid):
                     with m.If(us.marker == 0xD0 + next_rst):
                         m.d.comb += us.consume_marker.eq(1)
                         m.d.sync += [next_rst.eq(next_rst + 1),
@@ -519,12 +540,12 @@ class EntropyDecoder(wiring.Component):
                     with m.Else():
                         m.d.sync += status.eq(Status.BAD_RESTART)
                         m.next = "DRAIN"
-                with m.Elif(us.at_end):
+                with m.Elif(~r1.valid & us.at_end):
                     m.d.sync += status.eq(Status.BAD_RESTART)
                     m.next = "DRAIN"
             with m.State("DRAIN"):
                 m.d.comb += [self.busy.eq(1), us.flush.eq(1)]
-                with m.If(us.at_end & out_free):
+                with m.If(us.at_end & ~r1.valid & out_free):
                     m.next = "DONE"
             with m.State("DONE"):
                 m.d.comb += [self.done.eq(1), us.clear.eq(1)]
