@@ -256,9 +256,13 @@ class HuffmanTables(wiring.Component):
             mem = Memory(shape=25, depth=8, init=[0] * 8)
             m.submodules[f"length{l + 1}"] = mem
             limits.append((mem.write_port(), mem.read_port(domain="comb")))
-        m.submodules.symbols = symbols = Memory(shape=8, depth=8 * 256, init=[0] * (8 * 256))
-        wr = symbols.write_port()
-        rd = symbols.read_port(domain="comb")
+        # Symbols: one 256-entry memory per table, all read at once; the (early) table
+        # select then picks one, keeping the select off the late index path.
+        tables = []
+        for t in range(8):
+            mem = Memory(shape=8, depth=256, init=[0] * 256)
+            m.submodules[f"symbols{t}"] = mem
+            tables.append((mem.write_port(), mem.read_port(domain="comb")))
 
         # Loading: running canonical code and symbol index over the 16 counts.
         code = Signal(18)
@@ -276,11 +280,12 @@ class HuffmanTables(wiring.Component):
             ]
         with m.If(self.write.valid & (w.index < 16)):
             m.d.sync += [code.eq(nxt << 1), valptr.eq(vbase + w.byte)]
-        m.d.comb += [
-            wr.en.eq(self.write.valid & (w.index >= 16) & (w.index < 16 + 256)),
-            wr.addr.eq(Cat((w.index - 16)[:8], w.table)),
-            wr.data.eq(w.byte),
-        ]
+        for t, (wr, _) in enumerate(tables):
+            m.d.comb += [
+                wr.en.eq(self.write.valid & (w.table == t) & (w.index >= 16) & (w.index < 16 + 256)),
+                wr.addr.eq((w.index - 16)[:8]),
+                wr.data.eq(w.byte),
+            ]
 
         # Lookup.
         ge = Signal(16)
@@ -296,9 +301,9 @@ class HuffmanTables(wiring.Component):
             for l, (_, port) in enumerate(limits):
                 with m.Case(l + 1):
                     m.d.comb += index.eq(self.window[15 - l:] + port.data[17:])
+        m.d.comb += [rd.addr.eq(index) for _, rd in tables]
         m.d.comb += [
-            rd.addr.eq(Cat(index, self.select)),
-            self.symbol.eq(rd.data),
+            self.symbol.eq(Array([rd.data for _, rd in tables])[self.select]),
             self.length.eq(length),
             self.valid.eq(length <= 16),
         ]
@@ -422,10 +427,16 @@ class EntropyDecoder(wiring.Component):
 
         # Bit buffer refill: all four offered bytes fit when cnt <= 32 (deciding on the
         # pre-consumption count keeps the lookup off the path to the input's ready).
+        decode = Signal()            # a symbol is consumed this clock
         consumed = Signal(6)
         cnt_after = Signal(7)
         m.d.comb += cnt_after.eq(cnt - consumed)
         take = Signal()
+        # Shift out the code as soon as its length is known, then the extra bits once
+        # the symbol is read: a 16-way shift after the symbol instead of a 32-way one.
+        by_length = Signal(64)
+        by_size = Signal(64)
+        m.d.comb += [by_length.eq(buf << length), by_size.eq(by_length << size)]
         refill = Signal(64)
         m.d.comb += refill.eq(Cat(Const(0, 32), us.offer_data) >> cnt_after)
 
@@ -469,7 +480,7 @@ class EntropyDecoder(wiring.Component):
                     m.d.sync += status.eq(fault)
                     m.next = "DRAIN"
                 with m.Elif(have_bits & r1_free):
-                    m.d.comb += consumed.eq(need)
+                    m.d.comb += [consumed.eq(need), decode.eq(1)]
                     m.d.sync += [
                         symbols.eq(symbols + 1),
                         r1.after.eq((window << length)[16:32]), r1.size.eq(size),
@@ -522,7 +533,7 @@ class EntropyDecoder(wiring.Component):
                     m.d.comb += [take.eq(1), us.take.eq(1)]
                 with m.If(fault == 0):
                     m.d.sync += [
-                        buf.eq((buf << consumed) | Mux(take, refill, 0)),
+                        buf.eq(Mux(decode, by_size, buf) | Mux(take, refill, 0)),
                         cnt.eq(cnt_after + Mux(take, us.offer_n * 8, 0)),
                     ]
             with m.State("RESTART"):
