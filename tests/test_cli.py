@@ -108,7 +108,8 @@ def test_bench_parse_writes_json(folder, tmp_path, capsys):
     assert main(["bench", "parse", "--repeat", "2", "--json", str(target), str(folder)]) == 0
     result = json.loads(target.read_text())
     assert result["files"] == 5
-    assert 0 < result["us_median"] <= result["us_p95"] <= result["us_max"]
+    for mode in ("full", "prescreen"):
+        assert 0 < result[mode]["us_median"] <= result[mode]["us_p95"] <= result[mode]["us_max"]
     assert result["classification"] == {"None": 2, "progressive": 1, "not-jpeg": 1,
                                         "malformed-header": 1}
     assert "us median" in capsys.readouterr().out
