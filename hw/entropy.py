@@ -373,6 +373,9 @@ class EntropyDecoder(wiring.Component):
         ncoef = Signal(7)
         status = Signal(3)
 
+        # The table of the next symbol, registered so that the table memories are read
+        # from a flip-flop rather than from the block bookkeeping.
+        select = Signal(3)
         ccfg = cfg.comp[comp]
         h2 = ccfg.h == 2
         v2 = ccfg.v == 2
@@ -380,7 +383,7 @@ class EntropyDecoder(wiring.Component):
 
         window = buf[32:]
         m.d.comb += [
-            hf.select.eq(Mux(is_dc, Cat(ccfg.dc, Const(0, 1)), Cat(ccfg.ac, Const(1, 1)))),
+            hf.select.eq(select),
             hf.window.eq(window[16:]),
         ]
         length = hf.length
@@ -462,6 +465,7 @@ class EntropyDecoder(wiring.Component):
                         mcu_x.eq(0), mcu_y.eq(0), rst_count.eq(0), next_rst.eq(0),
                         ncoef.eq(0), status.eq(Status.OK), symbols.eq(0),
                         pred[0].eq(0), pred[1].eq(0), pred[2].eq(0),
+                        select.eq(Cat(cfg.comp[0].dc, Const(0, 1))),
                     ]
                     m.next = "RUN"
             with m.State("RUN"):
@@ -507,6 +511,8 @@ class EntropyDecoder(wiring.Component):
                         m.d.sync += [r1.valid.eq(1), r1.coef.eq(0), r1.last.eq(1),
                                      r1.index.eq(0), r1.count.eq(ncoef)]
                         m.d.comb += block_done.eq(1)
+                next_comp = Signal(2)
+                m.d.comb += next_comp.eq(comp)
                 with m.If(block_done):
                     m.d.sync += k.eq(0)
                     with m.If(bxi != h2):
@@ -514,9 +520,15 @@ class EntropyDecoder(wiring.Component):
                     with m.Elif(byi != v2):
                         m.d.sync += [bxi.eq(0), byi.eq(1)]
                     with m.Elif(comp != cfg.ncomp - 1):
-                        m.d.sync += [bxi.eq(0), byi.eq(0), comp.eq(comp + 1)]
+                        m.d.sync += [bxi.eq(0), byi.eq(0)]
+                        m.d.comb += next_comp.eq(comp + 1)
                     with m.Else():
-                        m.d.sync += [bxi.eq(0), byi.eq(0), comp.eq(0)]
+                        m.d.sync += [bxi.eq(0), byi.eq(0)]
+                        m.d.comb += next_comp.eq(0)
+                    m.d.sync += [comp.eq(next_comp),
+                                 select.eq(Cat(cfg.comp[next_comp].dc, Const(0, 1)))]
+                with m.Elif(decode):
+                    m.d.sync += select.eq(Cat(ccfg.ac, Const(1, 1)))
                 with m.If(block_done & last_block_in_mcu):
                     with m.If(last_mcu):
                         m.next = "DRAIN"
