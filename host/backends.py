@@ -65,7 +65,8 @@ def _simplejpeg_safe(info: jpeg.JpegInfo) -> bool:
         and frame.sof in (0, 1, 2)
         and frame.precision == 8
         and info.color_space in ("gray", "ycbcr")
-        and 0 < frame.width * frame.height <= jpeg.PILLOW_MAX_PIXELS
+        and frame.width * frame.height > 0
+        and ((limit := jpeg.pillow_max_pixels()) is None or frame.width * frame.height <= limit)
     )
 
 
@@ -143,6 +144,8 @@ class ModelBackend:
         return reference.decode(data, info=info, max_width=self.max_width)
 
 
+_logged_auto: list[bool] = []  # log the auto choice once per process
+
 #: Backend names accepted by :func:`get_backend`.
 BACKENDS = ("auto", "cpu", "model")
 
@@ -159,7 +162,9 @@ def get_backend(name: str = "auto", **options: Any):
         ValueError: unknown name.
     """
     if name == "auto":
-        log.info("backend auto: no decoder board found, using cpu")
+        if not _logged_auto:
+            log.info("backend auto: no decoder board found, using cpu")
+            _logged_auto.append(True)
         return CpuBackend()
     if name == "cpu":
         return CpuBackend()

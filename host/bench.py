@@ -146,6 +146,8 @@ def bench_decode(files: list[tuple[str, bytes]], backends: list[str]) -> dict:
 
 
 def bench_entropy(files: list[tuple[str, bytes]], ready_percent: int) -> dict:
+    import numpy as np
+
     from . import jpeg, model
     from .errors import Malformed
     from .sim.harness import EntropyHarness, blocks_from_beats
@@ -166,9 +168,14 @@ def bench_entropy(files: list[tuple[str, bytes]], ready_percent: int) -> dict:
                 blocks, symbols, expect = None, None, reason_code[exc.reason]
             same = result.status == expect
             if same and blocks is not None:
-                grids, _ = blocks_from_beats(result.beats, [b.shape[:2] for b in blocks])
-                same = result.symbols == symbols and all(
-                    (g == b).all() for g, b in zip(grids, blocks))
+                try:
+                    grids, tags = blocks_from_beats(result.beats, [b.shape[:2] for b in blocks])
+                except ValueError:
+                    same = False
+                else:
+                    same = (result.symbols == symbols
+                            and np.array_equal(tags, model.block_order(info))
+                            and all((g == b).all() for g, b in zip(grids, blocks)))
             scan = info.scans[0]
             rows.append({
                 "path": path, "subsampling": info.subsampling, "status": result.status,

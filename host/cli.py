@@ -5,7 +5,7 @@ Commands:
 - ``dlbooster decode [--backend B] [--out DIR] [--json] [--verify] PATH...``: decode files
   or folders (walked recursively); exit 0 when every input decoded (ok or fallback),
   1 when any input errored (or, with ``--verify``, differs from Pillow), 2 on bad usage.
-- ``dlbooster bench {parse,decode} ...``: the benchmarks (:mod:`dlbooster.bench`).
+- ``dlbooster bench {parse,decode,entropy} ...``: the benchmarks (:mod:`dlbooster.bench`).
 - ``dlbooster demo``: the main job on a machine with no board and no dataset.
 """
 
@@ -23,18 +23,23 @@ __all__ = ["main"]
 
 
 def _walk(paths: list[str]) -> list[tuple[str, str]]:
-    """Expand PATH arguments to (input path, output name) pairs, folders recursively."""
-    inputs = []
+    """Expand PATH arguments to (input path, output name) pairs, folders recursively.
+
+    Output names are paths relative to the deepest folder holding every input (a lone
+    file keeps its base name), so inputs from different folders never collide.
+    """
+    found = []
     for arg in paths:
         if os.path.isdir(arg):
-            found = []
             for root, dirs, files in os.walk(arg):
                 dirs.sort()
                 found.extend(os.path.join(root, f) for f in sorted(files))
-            inputs.extend((p, os.path.relpath(p, arg)) for p in found)
         else:
-            inputs.append((arg, os.path.basename(arg)))
-    return inputs
+            found.append(arg)
+    if not found:
+        return []
+    base = os.path.commonpath([os.path.dirname(os.path.abspath(p)) for p in found])
+    return [(p, os.path.relpath(os.path.abspath(p), base)) for p in found]
 
 
 def _save_png(image, target: Path) -> None:
@@ -50,6 +55,9 @@ def _cmd_decode(args: argparse.Namespace) -> int:
     from .backends import CpuBackend, decode_pillow, decode_result, get_backend
     from .errors import DecodeError
 
+    if args.out and os.path.exists(args.out) and not os.path.isdir(args.out):
+        print(f"dlbooster decode: --out {args.out} exists and is not a folder", file=sys.stderr)
+        return 2
     options = {"max_width": args.max_width} if args.backend == "model" else {}
     backend = get_backend(args.backend, **options)
     cpu = CpuBackend()

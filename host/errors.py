@@ -40,11 +40,6 @@ class DlboosterError(Exception):
         text = f"{self.source}: {self.reason}"
         return f"{text} ({self.detail})" if self.detail else text
 
-    def with_source(self, source: str) -> "DlboosterError":
-        """Return the same error naming ``source`` as the input."""
-        self.source = source
-        return self
-
 
 class DecodeError(DlboosterError):
     """The input is not decodable; the reference (Pillow) fails on it as well."""

@@ -40,6 +40,7 @@ __all__ = [
     "pillow_header_error",
     "DEFAULT_MAX_WIDTH",
     "PILLOW_MAX_PIXELS",
+    "pillow_max_pixels",
     "HARDWARE_SAMPLINGS",
 ]
 
@@ -56,8 +57,16 @@ ZIGZAG = np.array(
 DEFAULT_MAX_WIDTH = 8192
 
 #: Pillow raises ``DecompressionBombError`` above twice ``Image.MAX_IMAGE_PIXELS``
-#: (89,478,485 in Pillow 13, ``PIL/Image.py``); a decoder must fail there too.
+#: (89,478,485 by default in Pillow 13, ``PIL/Image.py``); a decoder must fail there too.
 PILLOW_MAX_PIXELS = 2 * 89_478_485
+
+
+def pillow_max_pixels() -> int | None:
+    """Pillow's current decompression-bomb error limit (None when disabled)."""
+    from PIL import Image
+
+    limit = Image.MAX_IMAGE_PIXELS
+    return None if limit is None else 2 * int(limit)
 
 #: Luma (h, v) sampling factors the hardware takes, with chroma 1x1 (SPEC.md section 2).
 HARDWARE_SAMPLINGS = {(1, 1): "4:4:4", (2, 1): "4:2:2", (1, 2): "4:4:0", (2, 2): "4:2:0"}
@@ -111,13 +120,12 @@ class HuffmanTable:
     def check(self, is_dc: bool) -> str | None:
         """Return why libjpeg-turbo's ``jpeg_make_d_derived_tbl`` rejects it, or None."""
         code = 0
-        k = 0
         for length, count in enumerate(self.counts, start=1):
             code += count
-            if code > (1 << length):
-                return "Huffman code space overflows"
+            # "no code is allowed to be all ones": the next free code must fit in l bits.
+            if code >= (1 << length):
+                return "Huffman code space overflows or uses the all-ones code"
             code <<= 1
-            k += count
         if is_dc and self.symbols and max(self.symbols) > 15:
             return "DC symbol above 15"
         return None
@@ -160,6 +168,10 @@ class JpegInfo:
         markers: ``(marker, offset)`` of every marker segment outside entropy data.
         jfif: an APP0 JFIF segment was seen (libjpeg-turbo ``examine_app0``).
         adobe_transform: the APP14 Adobe transform flag, or None without one.
+        not_jpeg: the input does not start with SOI and a marker.
+        headers_only: parsing stopped at the first SOS (see :func:`parse`).
+        dnl: a DNL marker was seen.
+        icc_segments: ICC_PROFILE APP2 bodies seen since the last check (internal).
         eoi: offset of EOI, or -1 if the input ends first.
         junk_bytes: bytes skipped between marker segments (libjpeg-turbo warns, decodes).
         mpf: an APP2 MPF segment was seen (Pillow opens the file as MPO).
@@ -297,7 +309,7 @@ def parse(data: bytes, *, headers_only: bool = False) -> JpegInfo:
         if marker == 0xD9:
             info.eoi = offset
             return info
-        if marker in _RST_MARKERS or marker in (0x00, 0x01, 0xD8) or marker < 0xC0:
+        if marker in _RST_MARKERS or marker == 0xD8 or marker < 0xC0:
             return _fail(info, f"unexpected marker 0xFF{marker:02X}", offset)
         if pos + 2 > n:
             return _fail(info, "truncated marker segment", offset)
@@ -523,7 +535,7 @@ def classify(
     info: JpegInfo,
     *,
     max_width: int = DEFAULT_MAX_WIDTH,
-    max_pixels: int = PILLOW_MAX_PIXELS,
+    max_pixels: int | None = -1,
 ) -> str | None:
     """Check a parsed file against the hardware profile (SPEC.md section 2).
 
@@ -531,7 +543,7 @@ def classify(
         info: the result of :func:`parse`.
         max_width: widest frame the decoder lane takes, in pixels.
         max_pixels: frames with more pixels go to the CPU path (which raises there,
-            like Pillow).
+            like Pillow); -1 (default) reads Pillow's current limit, None means none.
 
     Returns:
         None when the file is hardware-decodable, else a reason code (module doc).
@@ -600,7 +612,9 @@ def classify(
         return "after-scan"
     if frame.width > max_width:
         return "width"
-    if frame.width * frame.height > max_pixels:
+    if max_pixels == -1:
+        max_pixels = pillow_max_pixels()
+    if max_pixels is not None and frame.width * frame.height > max_pixels:
         return "too-large"
     if pillow_header_error(info) is not None:
         return "malformed-header"

@@ -32,11 +32,12 @@ import numba
 import numpy as np
 
 from .errors import Malformed, Unsupported
-from .jpeg import DEFAULT_MAX_WIDTH, PILLOW_MAX_PIXELS, HuffmanTable, JpegInfo, ZIGZAG, classify, parse
+from .jpeg import DEFAULT_MAX_WIDTH, HuffmanTable, JpegInfo, ZIGZAG, classify, parse
 
 __all__ = [
     "ModelOutput",
     "decode",
+    "block_order",
     "entropy_decode",
     "huffman_lookup",
     "idct_islow",
@@ -240,6 +241,24 @@ def _geometry(info: JpegInfo) -> _Geometry:
     return _Geometry(mcux, mcuy, h, v, bw, bh, base, comp_w, comp_h)
 
 
+def block_order(info: JpegInfo) -> np.ndarray:
+    """(component, block row, block column) of every block of the scan in decoding
+    order (MCU by MCU, components in scan order, blocks row-major; T.81 A.2).
+
+    Returns:
+        int64 array of shape (blocks, 3).
+    """
+    geo = _geometry(info)
+    order = []
+    components = [index for index, _, _ in info.scans[0].components]
+    for my in range(geo.mcuy):
+        for mx in range(geo.mcux):
+            for c in components:
+                h, v = int(geo.h[c]), int(geo.v[c])
+                order += [(c, my * v + by, mx * h + bx) for by in range(v) for bx in range(h)]
+    return np.array(order, dtype=np.int64).reshape(-1, 3)
+
+
 def entropy_decode(data: bytes, info: JpegInfo) -> tuple[list[np.ndarray], int]:
     """Decode the entropy-coded data of a hardware-decodable file.
 
@@ -415,14 +434,14 @@ def upsample(plane: np.ndarray, h: int, v: int, height: int, width: int) -> np.n
     Returns:
         uint8 array of shape (height, width).
     """
-    p = plane.astype(np.int32)
+    p = plane.astype(np.int16)  # sums stay below 4096: 16 bits halve the temporaries
     rows, cols = p.shape
     if (h, v) == (1, 1):
         out = p
     elif h == 2 and cols <= 2:
         out = np.repeat(np.repeat(p, 2, axis=1), v, axis=0)  # h2v1/h2v2_upsample
     elif (h, v) == (2, 1):
-        out = np.empty((rows, 2 * cols), dtype=np.int32)
+        out = np.empty((rows, 2 * cols), dtype=np.int16)
         out[:, 0] = p[:, 0]
         out[:, 2::2] = (3 * p[:, 1:] + p[:, :-1] + 1) >> 2
         out[:, 1:-1:2] = (3 * p[:, :-1] + p[:, 1:] + 2) >> 2
@@ -431,14 +450,14 @@ def upsample(plane: np.ndarray, h: int, v: int, height: int, width: int) -> np.n
         above = np.concatenate([p[:1], p[:-1]])
         below = np.concatenate([p[1:], p[-1:]])
         if h == 1:
-            out = np.empty((2 * rows, cols), dtype=np.int32)
+            out = np.empty((2 * rows, cols), dtype=np.int16)
             out[0::2] = (3 * p + above + 1) >> 2
             out[1::2] = (3 * p + below + 2) >> 2
         else:
-            c = np.empty((2 * rows, cols), dtype=np.int32)
+            c = np.empty((2 * rows, cols), dtype=np.int16)
             c[0::2] = 3 * p + above
             c[1::2] = 3 * p + below
-            out = np.empty((2 * rows, 2 * cols), dtype=np.int32)
+            out = np.empty((2 * rows, 2 * cols), dtype=np.int16)
             out[:, 0] = (4 * c[:, 0] + 8) >> 4
             out[:, 2::2] = (3 * c[:, 1:] + c[:, :-1] + 8) >> 4
             out[:, 1:-1:2] = (3 * c[:, :-1] + c[:, 1:] + 7) >> 4
@@ -455,14 +474,16 @@ def ycbcr_to_rgb(y: np.ndarray, cb: np.ndarray, cr: np.ndarray) -> np.ndarray:
     Returns:
         uint8 array of shape (H, W, 3).
     """
-    y = y.astype(np.int32)
-    xb = cb.astype(np.int32) - 128
-    xr = cr.astype(np.int32) - 128
-    rgb = np.empty(y.shape + (3,), dtype=np.int32)
-    rgb[..., 0] = y + ((91881 * xr + 32768) >> 16)
-    rgb[..., 1] = y + ((-22554 * xb + 32768 - 46802 * xr) >> 16)
-    rgb[..., 2] = y + ((116130 * xb + 32768) >> 16)
-    return np.clip(rgb, 0, 255).astype(np.uint8)
+    out = np.empty(y.shape + (3,), dtype=np.uint8)
+    for r in range(0, y.shape[0], 256):  # row strips keep the int32 temporaries small
+        ys = y[r:r + 256].astype(np.int32)
+        xb = cb[r:r + 256].astype(np.int32) - 128
+        xr = cr[r:r + 256].astype(np.int32) - 128
+        strip = out[r:r + 256]
+        strip[..., 0] = np.clip(ys + ((91881 * xr + 32768) >> 16), 0, 255)
+        strip[..., 1] = np.clip(ys + ((-22554 * xb + 32768 - 46802 * xr) >> 16), 0, 255)
+        strip[..., 2] = np.clip(ys + ((116130 * xb + 32768) >> 16), 0, 255)
+    return out
 
 
 @dataclass
@@ -493,7 +514,7 @@ def decode(
     *,
     info: JpegInfo | None = None,
     max_width: int = DEFAULT_MAX_WIDTH,
-    max_pixels: int = PILLOW_MAX_PIXELS,
+    max_pixels: int | None = -1,
 ) -> ModelOutput:
     """Decode a JPEG through the reference model.
 

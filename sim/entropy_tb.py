@@ -48,15 +48,7 @@ def _unpack(raw: int) -> dict:
 def expected(data: bytes):
     """The model's view: (status, blocks or None, symbols or None, block order)."""
     info = jpeg.parse(data)
-    geo = model._geometry(info)
-    order = []
-    frame_index = [index for index, _, _ in info.scans[0].components]
-    for my in range(geo.mcuy):
-        for mx in range(geo.mcux):
-            for c in frame_index:
-                for by in range(int(geo.v[c])):
-                    for bx in range(int(geo.h[c])):
-                        order.append((c, my * int(geo.v[c]) + by, mx * int(geo.h[c]) + bx))
+    order = [tuple(int(x) for x in row) for row in model.block_order(info)]
     try:
         blocks, symbols = model.entropy_decode(data, info)
     except Malformed as exc:

@@ -104,7 +104,8 @@ def run_cocotb(
         waves: dump an FST (Verilator) / VCD (Icarus) waveform into the test folder.
 
     Returns:
-        ``(tests, failed, test_dir)``; the results XML and any waveform are in test_dir.
+        ``(tests, failed, test_dir)``; test_dir (results XML, log, waveform) is kept only
+        when a test failed or waves were asked for.
     """
     from cocotb_tools.runner import get_results, get_runner
 
@@ -144,4 +145,6 @@ def run_cocotb(
                           waves=waves, timescale=timescale, results_xml=str(test_dir / "results.xml"),
                           log_file=test_dir / "sim.log")
     tests, failed = get_results(results)
+    if failed == 0 and not waves:
+        shutil.rmtree(test_dir, ignore_errors=True)  # keep only the runs worth reading
     return tests, failed, test_dir

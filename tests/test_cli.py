@@ -75,10 +75,22 @@ def test_decode_png_out_is_lossless(folder, tmp_path_factory, capsys):
     out = tmp_path_factory.mktemp("out")
     assert main(["decode", "--backend", "cpu", "--out", str(out),
                  str(folder / "a.jpg"), str(folder / "sub")]) == 0
-    assert sorted(p.relative_to(out).as_posix() for p in out.rglob("*.png")) == ["a.jpg.png", "d.jpg.png"]
+    assert sorted(p.relative_to(out).as_posix() for p in out.rglob("*.png")) == ["a.jpg.png", "sub/d.jpg.png"]
     assert np.array_equal(_pillow(out / "a.jpg.png"), _pillow(folder / "a.jpg"))
-    assert np.array_equal(_pillow(out / "d.jpg.png"), _pillow(folder / "sub" / "d.jpg"))
+    assert np.array_equal(_pillow(out / "sub" / "d.jpg.png"), _pillow(folder / "sub" / "d.jpg"))
     assert "2 inputs: 2 ok, 0 fallback, 0 error" in capsys.readouterr().out
+
+
+def test_out_names_never_collide(tmp_path, capsys):
+    for sub, size in (("a", 8), ("b", 16)):
+        (tmp_path / sub).mkdir()
+        Image.new("RGB", (size, size), (size, 0, 0)).save(tmp_path / sub / "x.jpg")
+    out = tmp_path / "out"
+    assert main(["decode", "--out", str(out), str(tmp_path / "a" / "x.jpg"),
+                 str(tmp_path / "b" / "x.jpg")]) == 0
+    assert _pillow(out / "a" / "x.jpg.png").shape == (8, 8, 3)
+    assert _pillow(out / "b" / "x.jpg.png").shape == (16, 16, 3)
+    assert main(["decode", "--out", str(tmp_path / "a" / "x.jpg"), str(tmp_path / "b" / "x.jpg")]) == 2
 
 
 def test_decode_verify_counts_matches(folder, capsys):

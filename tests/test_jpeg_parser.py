@@ -432,6 +432,28 @@ def test_classify_bad_tables():
     assert_fallback_consistent(bad, "bad-table")
 
 
+def test_classify_all_ones_huffman_code():
+    """libjpeg-turbo rejects a table whose codes fill the code space (the all-ones code
+    is reserved, jdhuff.c jpeg_make_d_derived_tbl); Pillow then raises."""
+    data = bytearray(gen(16, 16, subsampling=0))
+    dht = offsets(jpeg.parse(bytes(data)), 0xC4)[0]
+    counts = data[dht + 5:dht + 21]
+    last = max(i for i in range(16) if counts[i])
+    code = 0
+    for i in range(last + 1):
+        code = (code << 1) + counts[i]
+    free = (1 << (last + 1)) - code  # codes of the longest length still free
+    assert free >= 1
+    counts[last] += free
+    n_symbols = sum(data[dht + 5:dht + 21])
+    body_end = dht + 21 + n_symbols
+    full = (bytes(data[:dht + 2]) + struct.pack(">H", 2 + 1 + 16 + n_symbols + free)
+            + bytes(data[dht + 4:dht + 5]) + bytes(counts) + bytes(data[dht + 21:body_end])
+            + bytes(range(free)) + bytes(data[body_end:]))
+    assert jpeg.parse(full).error is None
+    assert_fallback_consistent(full, "bad-table")
+
+
 def test_classify_dc_symbol_above_15():
     data = bytearray(gen(24, 16, subsampling="gray"))
     info = jpeg.parse(bytes(data))

@@ -6,9 +6,11 @@
 //           u32 ready_percent (100 = coefficient output always ready), u32 seed
 //   result: u32 status, u32 symbols, u64 cycles, u32 n_beats,
 //           then n_beats x (u64 low, u32 high) CoefBeat payloads (66 bits)
-// Verilator spells the ports a__b as a___05Fb. A job with n_writes = 0xFFFFFFFF ends the run. A job whose decode does not finish
-// within 16 * n_bytes + 4096 clocks reports status 0xFFFFFFFF.
+// A job with n_writes = 0xFFFFFFFF ends the run. A job whose decode does not finish within
+// (16 * n_bytes + 4096) * 100 / ready_percent clocks reports status 0xFFFFFFFF.
+// Verilator spells the ports a__b as a___05Fb.
 #include <cstdint>
+#include <algorithm>
 #include <cstdio>
 #include <vector>
 #include "Ventropy_decoder.h"
@@ -56,7 +58,8 @@ int main(int argc, char **argv) {
 
         std::vector<uint64_t> lows;
         std::vector<uint32_t> highs;
-        uint64_t cycles = 0, bound = 16ull * n_bytes + 4096;
+        uint64_t cycles = 0;
+        uint64_t bound = (16ull * n_bytes + 4096) * 100 / std::max<uint32_t>(1, std::min<uint32_t>(100, ready_percent));
         size_t pos = 0;
         uint32_t lfsr = seed ? seed : 1;
         uint32_t status = 0xFFFFFFFFu;
