@@ -23,6 +23,7 @@ between marker segments: corrupt data that libjpeg-turbo skips with a warning).
 
 from __future__ import annotations
 
+import functools
 import re
 from dataclasses import dataclass, field
 
@@ -119,16 +120,21 @@ class HuffmanTable:
 
     def check(self, is_dc: bool) -> str | None:
         """Return why libjpeg-turbo's ``jpeg_make_d_derived_tbl`` rejects it, or None."""
-        code = 0
-        for length, count in enumerate(self.counts, start=1):
-            code += count
-            # "no code is allowed to be all ones": the next free code must fit in l bits.
-            if code >= (1 << length):
-                return "Huffman code space overflows or uses the all-ones code"
-            code <<= 1
-        if is_dc and self.symbols and max(self.symbols) > 15:
-            return "DC symbol above 15"
-        return None
+        return _check_huffman(self.counts, self.symbols, is_dc)
+
+
+@functools.lru_cache(maxsize=256)  # most files carry the same few tables
+def _check_huffman(counts: tuple[int, ...], symbols: bytes, is_dc: bool) -> str | None:
+    code = 0
+    for length, count in enumerate(counts, start=1):
+        code += count
+        # "no code is allowed to be all ones": the next free code must fit in l bits.
+        if code >= (1 << length):
+            return "Huffman code space overflows or uses the all-ones code"
+        code <<= 1
+    if is_dc and symbols and max(symbols) > 15:
+        return "DC symbol above 15"
+    return None
 
 
 @dataclass(slots=True)
