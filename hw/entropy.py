@@ -540,8 +540,9 @@ class EntropyDecoder(wiring.Component):
                         m.d.sync += rst_count.eq(Mux(restart_due, 0, rst_count + 1))
                         with m.If(restart_due):
                             m.next = "RESTART"
-                # Refill from the unstuffer.
-                with m.If((cnt <= 32) & (us.offer_n != 0) & (fault == 0)):
+                # Refill from the unstuffer. Not gated by the fault decision (a faulty scan
+                # is drained anyway), so the symbol lookup stays off the unstuffer's path.
+                with m.If((cnt <= 32) & (us.offer_n != 0)):
                     m.d.comb += [take.eq(1), us.take.eq(1)]
                 with m.If(fault == 0):
                     m.d.sync += [
