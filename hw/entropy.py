@@ -235,16 +235,27 @@ class HuffmanTables(wiring.Component):
 
     Lookup (combinational): ``select`` (table 0..7), ``window`` (next 16 bits, MSB first) give
     ``length`` (1..16), ``symbol`` and ``valid`` (a code of at most 16 bits matched).
+
+    Lookahead (combinational, short path): codes of at most 8 bits occupy the prefix
+    ``[0, lim[8])`` of the code space, so the next 8 bits index a 256-entry table per
+    Huffman table holding the code length, the total shift (length + extra bits) and the
+    symbol; ``fast`` says the window starts with such a code. The table is filled while
+    the symbols are loaded (``write`` is not ready during the fill: at most 256 extra
+    clocks per table).
     """
 
     def __init__(self):
         super().__init__({
-            "write": In(stream.Signature(TableWrite, always_ready=True)),
+            "write": In(stream.Signature(TableWrite)),
             "select": In(3),
             "window": In(16),
             "length": Out(5),
             "symbol": Out(8),
             "valid": Out(1),
+            "fast": Out(1),
+            "fast_length": Out(4),
+            "fast_total": Out(5),
+            "fast_symbol": Out(8),
         })
 
     def elaborate(self, platform):
@@ -276,13 +287,57 @@ class HuffmanTables(wiring.Component):
             m.d.comb += [
                 port.addr.eq(w.table),
                 port.data.eq(Cat((nxt << (15 - l))[:17], (vbase - base)[:8])),
-                port.en.eq(self.write.valid & (w.index == l)),
+                port.en.eq(self.write.valid & self.write.ready & (w.index == l)),
             ]
-        with m.If(self.write.valid & (w.index < 16)):
+        with m.If(self.write.valid & self.write.ready & (w.index < 16)):
             m.d.sync += [code.eq(nxt << 1), valptr.eq(vbase + w.byte)]
+
+        # Lookahead fill: walk the symbols' canonical codes (length, code) as they arrive.
+        counts = Array([Signal(8, name=f"count{l + 1}") for l in range(16)])
+        slen = Signal(5)     # length of the next symbol's code (0: before length 1)
+        sleft = Signal(9)    # symbols of that length still to come
+        scode = Signal(17)   # code of the next symbol
+        fill_base = Signal(8)
+        fill_left = Signal(9)
+        fill_entry = Signal(17)
+        fill_table = Signal(3)
+        lookahead = []
+        for t in range(8):
+            mem = Memory(shape=17, depth=256, init=[0] * 256)
+            m.submodules[f"lookahead{t}"] = mem
+            lookahead.append((mem.write_port(), mem.read_port(domain="comb")))
+        for t, (port, _) in enumerate(lookahead):
+            m.d.comb += [
+                port.addr.eq(fill_base),
+                port.data.eq(fill_entry),
+                port.en.eq((fill_left != 0) & (fill_table == t)),
+            ]
+        is_symbol = (w.index >= 16) & (w.index < 16 + 256)
+        spare = Signal(3)  # 8 - code length: the code covers 2**spare lookahead entries
+        m.d.comb += spare.eq(8 - slen)
+        with m.If(fill_left != 0):
+            m.d.sync += [fill_base.eq(fill_base + 1), fill_left.eq(fill_left - 1)]
+        with m.Elif(self.write.valid & (w.index < 16)):
+            m.d.comb += self.write.ready.eq(1)
+            m.d.sync += counts[w.index[:4]].eq(w.byte)
+            with m.If(w.index == 0):
+                m.d.sync += [slen.eq(0), sleft.eq(0), scode.eq(0)]
+        with m.Elif(self.write.valid & is_symbol & (sleft == 0) & (slen < 16)):
+            m.d.sync += [slen.eq(slen + 1), sleft.eq(counts[slen[:4]]), scode.eq(scode << 1)]
+        with m.Elif(self.write.valid):
+            m.d.comb += self.write.ready.eq(1)
+            with m.If(is_symbol & (sleft != 0)):
+                m.d.sync += [scode.eq(scode + 1), sleft.eq(sleft - 1)]
+                with m.If(slen <= 8):
+                    m.d.sync += [
+                        fill_table.eq(w.table),
+                        fill_base.eq((scode << spare)[:8]),
+                        fill_left.eq(Const(1, 9) << spare),
+                        fill_entry.eq(Cat(slen[:4], (slen + w.byte[:4])[:5], w.byte)),
+                    ]
         for t, (wr, _) in enumerate(tables):
             m.d.comb += [
-                wr.en.eq(self.write.valid & (w.table == t) & (w.index >= 16) & (w.index < 16 + 256)),
+                wr.en.eq(self.write.valid & self.write.ready & (w.table == t) & is_symbol),
                 wr.addr.eq((w.index - 16)[:8]),
                 wr.data.eq(w.byte),
             ]
@@ -302,6 +357,15 @@ class HuffmanTables(wiring.Component):
                 with m.Case(l + 1):
                     m.d.comb += index.eq(self.window[15 - l:] + port.data[17:])
         m.d.comb += [rd.addr.eq(index) for _, rd in tables]
+        m.d.comb += [rd.addr.eq(self.window[8:]) for _, rd in lookahead]
+        entry = Signal(17)
+        m.d.comb += [
+            entry.eq(Array([rd.data for _, rd in lookahead])[self.select]),
+            self.fast.eq(self.window < limits[7][1].data[:17]),
+            self.fast_length.eq(entry[:4]),
+            self.fast_total.eq(entry[4:9]),
+            self.fast_symbol.eq(entry[9:]),
+        ]
         m.d.comb += [
             self.symbol.eq(Array([rd.data for _, rd in tables])[self.select]),
             self.length.eq(length),
@@ -354,7 +418,7 @@ class EntropyDecoder(wiring.Component):
         m.d.comb += [
             hf.write.valid.eq(self.tables.valid),
             hf.write.payload.eq(self.tables.payload),
-            self.tables.ready.eq(1),
+            self.tables.ready.eq(hf.write.ready),
         ]
         wiring.connect(m, wiring.flipped(self.input), us.input)
 
@@ -386,12 +450,21 @@ class EntropyDecoder(wiring.Component):
             hf.select.eq(select),
             hf.window.eq(window[16:]),
         ]
-        length = hf.length
-        sym = hf.symbol
+        # Codes of up to 8 bits come from the lookahead table in the same clock; a
+        # longer code is looked up by the comparators and registered first ("slow"),
+        # then consumed in the next clock, so the comparators stay off the loop.
+        slow = Signal(data.StructLayout({"valid": 1, "ok": 1, "length": 5, "symbol": 8, "need": 6}))
+        fast = hf.fast
+        length = Signal(5)
+        sym = Signal(8)
+        need = Signal(6)
+        m.d.comb += [
+            length.eq(Mux(fast, hf.fast_length, slow.length)),
+            sym.eq(Mux(fast, hf.fast_symbol, slow.symbol)),
+            need.eq(Mux(fast, hf.fast_total, slow.need)),
+        ]
         size = sym[:4]
         run = Mux(is_dc, 0, sym[4:])
-        need = Signal(6)
-        m.d.comb += need.eq(length + size)
 
         # Stage 2 register: a decoded symbol waiting for its value (extra bits, EXTEND,
         # DC prediction), computed off the bit-buffer loop (T.81 F.2.2.1).
@@ -424,9 +497,10 @@ class EntropyDecoder(wiring.Component):
             ]
 
         stopped = us.marker_valid | us.at_end
-        have_bits = hf.valid & (need <= cnt)
-        no_code = ~hf.valid & ((cnt >= 16) | stopped)
-        starved = hf.valid & (need > cnt) & stopped
+        found = fast | (slow.valid & slow.ok)
+        have_bits = found & (need <= cnt)
+        no_code = ~fast & slow.valid & ~slow.ok
+        starved = found & (need > cnt) & stopped
 
         # Bit buffer refill: all four offered bytes fit when cnt <= 32 (deciding on the
         # pre-consumption count keeps the lookup off the path to the input's ready).
@@ -435,11 +509,6 @@ class EntropyDecoder(wiring.Component):
         cnt_after = Signal(7)
         m.d.comb += cnt_after.eq(cnt - consumed)
         take = Signal()
-        # Shift out the code as soon as its length is known, then the extra bits once
-        # the symbol is read: a 16-way shift after the symbol instead of a 32-way one.
-        by_length = Signal(64)
-        by_size = Signal(64)
-        m.d.comb += [by_length.eq(buf << length), by_size.eq(by_length << size)]
         refill = Signal(64)
         m.d.comb += refill.eq(Cat(Const(0, 32), us.offer_data) >> cnt_after)
 
@@ -465,7 +534,7 @@ class EntropyDecoder(wiring.Component):
                         mcu_x.eq(0), mcu_y.eq(0), rst_count.eq(0), next_rst.eq(0),
                         ncoef.eq(0), status.eq(Status.OK), symbols.eq(0),
                         pred[0].eq(0), pred[1].eq(0), pred[2].eq(0),
-                        select.eq(Cat(cfg.comp[0].dc, Const(0, 1))),
+                        select.eq(Cat(cfg.comp[0].dc, Const(0, 1))), slow.valid.eq(0),
                     ]
                     m.next = "RUN"
             with m.State("RUN"):
@@ -483,8 +552,15 @@ class EntropyDecoder(wiring.Component):
                 with m.If(fault != 0):
                     m.d.sync += status.eq(fault)
                     m.next = "DRAIN"
-                with m.Elif(have_bits & r1_free):
+                # The bit buffer moves on whatever the fault decision (a faulty scan is
+                # drained), keeping that decision off the loop; the rest waits for it.
+                with m.If(have_bits & r1_free):
                     m.d.comb += [consumed.eq(need), decode.eq(1)]
+                    m.d.sync += slow.valid.eq(0)
+                with m.Elif(~fast & ~slow.valid & ((cnt >= 16) | stopped)):
+                    m.d.sync += [slow.valid.eq(1), slow.ok.eq(hf.valid), slow.length.eq(hf.length),
+                                 slow.symbol.eq(hf.symbol), slow.need.eq(hf.length + hf.symbol[:4])]
+                with m.If(decode & (fault == 0)):
                     m.d.sync += [
                         symbols.eq(symbols + 1),
                         r1.after.eq((window << length)[16:32]), r1.size.eq(size),
@@ -544,11 +620,10 @@ class EntropyDecoder(wiring.Component):
                 # is drained anyway), so the symbol lookup stays off the unstuffer's path.
                 with m.If((cnt <= 32) & (us.offer_n != 0)):
                     m.d.comb += [take.eq(1), us.take.eq(1)]
-                with m.If(fault == 0):
-                    m.d.sync += [
-                        buf.eq(Mux(decode, by_size, buf) | Mux(take, refill, 0)),
-                        cnt.eq(cnt_after + Mux(take, us.offer_n * 8, 0)),
-                    ]
+                m.d.sync += [
+                    buf.eq(Mux(decode, buf << need, buf) | Mux(take, refill, 0)),
+                    cnt.eq(cnt_after + Mux(take, us.offer_n * 8, 0)),
+                ]
             with m.State("RESTART"):
                 # T.81 F.2.2.5 / jdhuff.c process_restart: drop buffered bits, skip to
                 # the next marker, which must be the expected RSTn. The predictors are

@@ -62,6 +62,10 @@ async def decode_file(dut, data: bytes, rng: random.Random, backpressure: bool) 
     for w in writes:
         dut.tables__payload.value = _pack(TableWrite, w)
         dut.tables__valid.value = 1
+        await ReadOnly()
+        while not int(dut.tables__ready.value):  # the lookahead fill holds the writes
+            await RisingEdge(dut.clk)
+            await ReadOnly()
         await RisingEdge(dut.clk)
     dut.tables__valid.value = 0
     dut.scan.value = _pack(ScanConfig, config)

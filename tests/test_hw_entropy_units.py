@@ -92,7 +92,7 @@ def _lookup_ref(counts, symbols, window: int):
 @given(tables=st.lists(huffman_tables(), min_size=2, max_size=2),
        windows=st.lists(st.integers(0, 0xFFFF), min_size=40, max_size=40),
        slots=st.lists(st.integers(0, 7), min_size=2, max_size=2, unique=True))
-def test_huffman_lookup_matches_canonical_codes(tables, windows, slots):
+def test_huffman_lookup_and_lookahead_match_canonical_codes(tables, windows, slots):
     dut = HuffmanTables()
 
     async def bench(ctx):
@@ -100,8 +100,12 @@ def test_huffman_lookup_matches_canonical_codes(tables, windows, slots):
             for i, byte in enumerate(bytes(counts) + bytes(symbols)):
                 ctx.set(dut.write.payload, {"table": slot, "index": i, "byte": byte})
                 ctx.set(dut.write.valid, 1)
+                while not ctx.get(dut.write.ready):
+                    await ctx.tick()
                 await ctx.tick()
         ctx.set(dut.write.valid, 0)
+        for _ in range(260):  # let the last lookahead fill finish
+            await ctx.tick()
         for slot, (counts, symbols) in zip(slots, tables):
             # Probe every code's first window too, not only random ones.
             code, probes = 0, list(windows)
@@ -114,9 +118,16 @@ def test_huffman_lookup_matches_canonical_codes(tables, windows, slots):
                 expect = _lookup_ref(counts, symbols, window)
                 if expect is None:
                     assert not ctx.get(dut.valid), hex(window)
+                    assert not ctx.get(dut.fast), hex(window)
                 else:
                     assert ctx.get(dut.valid), hex(window)
                     assert (ctx.get(dut.length), ctx.get(dut.symbol)) == expect, hex(window)
+                    length, symbol = expect
+                    # The lookahead answers exactly the codes of at most 8 bits.
+                    assert ctx.get(dut.fast) == (length <= 8), hex(window)
+                    if length <= 8:
+                        assert (ctx.get(dut.fast_length), ctx.get(dut.fast_total),
+                                ctx.get(dut.fast_symbol)) == (length, length + (symbol & 15), symbol)
 
     _run(dut, bench)
 

@@ -46,6 +46,10 @@ int main(int argc, char **argv) {
         for (uint32_t w : writes) {
             top->tables___05Fpayload = w;
             top->tables___05Fvalid = 1;
+            top->eval();
+            while (!top->tables___05Fready) {  // the lookahead fill holds the writes
+                tick(top);
+            }
             tick(top);
         }
         top->tables___05Fvalid = 0;
