@@ -240,8 +240,8 @@ class HuffmanTables(wiring.Component):
     ``[0, lim[8])`` of the code space, so the next 8 bits index a 256-entry table per
     Huffman table holding the code length, the total shift (length + extra bits) and the
     symbol; ``fast`` says the window starts with such a code. The table is filled while
-    the symbols are loaded (``write`` is not ready during the fill: at most 256 extra
-    clocks per table).
+    the symbols are loaded (``write`` is not ready during the fill, and ``filling`` is
+    set until it ends: at most 256 extra clocks per table).
     """
 
     def __init__(self):
@@ -252,6 +252,7 @@ class HuffmanTables(wiring.Component):
             "length": Out(5),
             "symbol": Out(8),
             "valid": Out(1),
+            "filling": Out(1),
             "fast": Out(1),
             "fast_length": Out(4),
             "fast_total": Out(5),
@@ -312,6 +313,7 @@ class HuffmanTables(wiring.Component):
                 port.data.eq(fill_entry),
                 port.en.eq((fill_left != 0) & (fill_table == t)),
             ]
+        m.d.comb += self.filling.eq(fill_left != 0)
         is_symbol = (w.index >= 16) & (w.index < 16 + 256)
         spare = Signal(3)  # 8 - code length: the code covers 2**spare lookahead entries
         m.d.comb += spare.eq(8 - slen)
@@ -497,9 +499,10 @@ class EntropyDecoder(wiring.Component):
             ]
 
         stopped = us.marker_valid | us.at_end
-        found = fast | (slow.valid & slow.ok)
+        # Nothing is decoded while the last table's lookahead is still being filled.
+        found = ~hf.filling & (fast | (slow.valid & slow.ok))
         have_bits = found & (need <= cnt)
-        no_code = ~fast & slow.valid & ~slow.ok
+        no_code = ~hf.filling & ~fast & slow.valid & ~slow.ok
         starved = found & (need > cnt) & stopped
 
         # Bit buffer refill: all four offered bytes fit when cnt <= 32 (deciding on the
@@ -557,7 +560,7 @@ class EntropyDecoder(wiring.Component):
                 with m.If(have_bits & r1_free):
                     m.d.comb += [consumed.eq(need), decode.eq(1)]
                     m.d.sync += slow.valid.eq(0)
-                with m.Elif(~fast & ~slow.valid & ((cnt >= 16) | stopped)):
+                with m.Elif(~hf.filling & ~fast & ~slow.valid & ((cnt >= 16) | stopped)):
                     m.d.sync += [slow.valid.eq(1), slow.ok.eq(hf.valid), slow.length.eq(hf.length),
                                  slow.symbol.eq(hf.symbol), slow.need.eq(hf.length + hf.symbol[:4])]
                 with m.If(decode & (fault == 0)):

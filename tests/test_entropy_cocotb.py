@@ -38,6 +38,20 @@ GENERATED = [
 ]
 
 
+def _one_code_tables_jpeg() -> bytes:
+    """8x8 gray JPEG whose DC and AC tables each hold a single 1-bit code (DC size 0,
+    EOB): loading the last table ends with a long lookahead fill, and the scan must not
+    start decoding before the fill is done (the previous file left other tables there)."""
+    def segment(marker: int, body: bytes) -> bytes:
+        return bytes([0xFF, marker]) + (len(body) + 2).to_bytes(2, "big") + body
+
+    one_code = bytes([1] + [0] * 15)
+    return (b"\xff\xd8" + segment(0xDB, b"\x00" + bytes([1] * 64))
+            + segment(0xC0, b"\x08\x00\x08\x00\x08\x01\x01\x11\x00")
+            + segment(0xC4, b"\x00" + one_code + b"\x00" + b"\x10" + one_code + b"\x00")
+            + segment(0xDA, b"\x01\x01\x00\x00\x3f\x00") + b"\x3f" + b"\xff\xd9")
+
+
 def _mutations(data: bytes, rng: random.Random) -> list[bytes]:
     info = jpeg.parse(data)
     scan = info.scans[0]
@@ -73,6 +87,9 @@ def vectors(tmp_path_factory):
         files.append((f"gen{i}", data))
         if i % 3 == 0:
             files += [(f"gen{i}_bad{j}", m) for j, m in enumerate(_mutations(data, rng))]
+    one_code = _one_code_tables_jpeg()
+    assert jpeg.classify(jpeg.parse(one_code)) is None
+    files.insert(len(files) // 2, ("one_code_tables", one_code))
     if corpus_available():
         files += [(p.name, p.read_bytes()) for p in _corpus_subset()]
     paths = []
