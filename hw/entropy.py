@@ -1,4 +1,4 @@
-"""Entropy (Huffman) decoder core: one symbol per clock.
+"""Entropy (Huffman) decoder core: about one symbol per clock.
 
 Decodes the entropy-coded segment of one interleaved baseline scan (T.81 F.2.2) into
 quantised coefficient blocks, bit-exact with :func:`dlbooster.model.entropy_decode`
@@ -13,7 +13,8 @@ Sub-blocks, each a component of its own:
   the canonical code limits as the bytes arrive (T.81 Annex C) and looks a 16-bit window
   up in one clock: code length, symbol, validity.
 - :class:`EntropyDecoder`: a 64-bit left-aligned bit buffer refilled 4 bytes at a time,
-  one symbol (code + extra bits) decoded and consumed per clock, DC prediction,
+  one symbol (code + extra bits) decoded and consumed per clock (two for codes longer
+  than 8 bits), DC prediction,
   run/size AC decoding with ZRL/EOB, MCU composition from the sampling factors,
   restart intervals, and the fault checks of SPEC.md section 2.
 
@@ -392,12 +393,15 @@ class EntropyDecoder(wiring.Component):
         including EOB/ZRL), tables (:data:`TableWrite` stream), input
         (:data:`InputBeat` stream), coef (:data:`CoefBeat` stream).
 
-    Throughput: one symbol per clock while the bit buffer holds the symbol's code and
-    extra bits and ``coef`` is ready; the buffer refills 4 bytes per clock.
+    Throughput: one symbol per clock for codes of up to 8 bits (the lookahead table of
+    :class:`HuffmanTables`), two for longer codes, while the bit buffer holds the
+    symbol's code and extra bits and ``coef`` is ready; the buffer refills 4 bytes per
+    clock. 0.985 symbols per clock on the ImageNet sample photos (docs/benchmarks.md).
 
-    Pipeline: the loop through the bit buffer (code length, symbol, consumed bits,
-    shift) runs in one clock; the symbol's value (extra bits, EXTEND, DC prediction) is
-    computed in a second stage, and the beat is registered in a third.
+    Pipeline: the loop through the bit buffer (lookahead read, total shift, shift) runs in
+    one clock; long codes are looked up by the comparators into a register first; the
+    symbol's value (extra bits, EXTEND, DC prediction) is computed in a second stage, and
+    the beat is registered in a third. Fault decisions do not gate the buffer's shift.
     """
 
     def __init__(self):
