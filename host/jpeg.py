@@ -327,7 +327,7 @@ def parse(data: bytes, *, headers_only: bool = False) -> JpegInfo:
         if 0xE0 <= marker <= 0xEF:
             _parse_app(info, marker, body)
         elif marker == 0xFE:
-            pass
+            pass  # COM: a comment, nothing to decode
         elif marker == 0xDB:
             error = _parse_dqt(body, qtables)
             if error:
