@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import functools
 import re
+import warnings
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -440,8 +441,10 @@ def pillow_header_error(info: JpegInfo) -> str | None:
     from PIL import Image
 
     try:
-        exif = Image.Exif()
-        exif.load(info.exif)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # Pillow warns about corrupt EXIF; we only ask
+            exif = Image.Exif()
+            exif.load(info.exif)
         resolution_unit = exif[0x0128]
         x_resolution = exif[0x011A]
         try:
