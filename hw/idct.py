@@ -6,11 +6,11 @@ outputs out, one vector per clock, six clocks of latency. The two-pass 8x8 core 
 DESCALE 11, transpose, rows, DESCALE 18, range limit) is built from it.
 """
 
-from amaranth import Module, Signal, signed
-from amaranth.lib import wiring
+from amaranth import Array, Module, Signal, signed
+from amaranth.lib import data, stream, wiring
 from amaranth.lib.wiring import In, Out
 
-__all__ = ["IdctPass", "LATENCY"]
+__all__ = ["IdctPass", "LATENCY", "TransposeBuffer"]
 
 #: Clocks from an accepted input vector to its output vector.
 LATENCY = 6
@@ -116,4 +116,53 @@ class IdctPass(wiring.Component):
             for n in range(1, LATENCY):
                 m.d.sync += valid[n].eq(valid[n - 1])
         m.d.comb += self.o_valid.eq(valid[LATENCY - 1])
+        return m
+
+
+class TransposeBuffer(wiring.Component):
+    """Double-buffered 8x8 transpose between the column and the row pass.
+
+    Takes the 8 columns of a block (one 8-element vector per beat, column 0 first) and
+    gives its 8 rows (row 0 first). While one bank is read out the other is written, so
+    blocks stream through at one vector per clock; full back-pressure on both sides.
+
+    Args:
+        width: bits of each signed element.
+    """
+
+    def __init__(self, width: int = 32):
+        vector = data.ArrayLayout(signed(width), 8)
+        self.width = width
+        super().__init__({
+            "i": In(stream.Signature(vector)),
+            "o": Out(stream.Signature(vector)),
+        })
+
+    def elaborate(self, platform):
+        m = Module()
+        w = self.width
+        # bank[b][r][c]: element (row r, column c) of the block held in bank b.
+        bank = Array([Array([Array([Signal(signed(w), name=f"b{b}r{r}c{c}") for c in range(8)])
+                             for r in range(8)]) for b in range(2)])
+        full = Array([Signal(name=f"full{b}") for b in range(2)])
+        wb = Signal()      # bank being written
+        wc = Signal(3)     # next column to write
+        rb = Signal()      # bank being read
+        rr = Signal(3)     # next row to read
+
+        m.d.comb += self.i.ready.eq(~full[wb])
+        with m.If(self.i.valid & self.i.ready):
+            for r in range(8):
+                m.d.sync += bank[wb][r][wc].eq(self.i.payload[r])
+            m.d.sync += wc.eq(wc + 1)
+            with m.If(wc == 7):
+                m.d.sync += [full[wb].eq(1), wb.eq(~wb)]
+
+        m.d.comb += self.o.valid.eq(full[rb])
+        for c in range(8):
+            m.d.comb += self.o.payload[c].eq(bank[rb][rr][c])
+        with m.If(self.o.valid & self.o.ready):
+            m.d.sync += rr.eq(rr + 1)
+            with m.If(rr == 7):
+                m.d.sync += [full[rb].eq(0), rb.eq(~rb)]
         return m
