@@ -152,7 +152,6 @@ def bench_entropy(files: list[tuple[str, bytes]], ready_percent: int) -> dict:
     from .errors import Malformed
     from .sim.harness import EntropyHarness, blocks_from_beats
 
-    reason_code = {reason: code for code, reason in model.STATUS_REASONS.items()}
     rows = []
     t0 = time.perf_counter()
     with EntropyHarness() as harness:
@@ -165,7 +164,7 @@ def bench_entropy(files: list[tuple[str, bytes]], ready_percent: int) -> dict:
                 blocks, symbols = model.entropy_decode(data, info)
                 expect = 0
             except Malformed as exc:
-                blocks, symbols, expect = None, None, reason_code[exc.reason]
+                blocks, symbols, expect = None, None, model.REASON_STATUS[exc.reason]
             same = result.status == expect
             if same and blocks is not None:
                 try:

@@ -45,6 +45,7 @@ __all__ = [
     "upsample",
     "ycbcr_to_rgb",
     "STATUS_REASONS",
+    "REASON_STATUS",
 ]
 
 # Status codes of the entropy stage (shared with the gateware's status register).
@@ -57,6 +58,8 @@ STATUS_REASONS = {
     BAD_RESTART: "bad-restart",
     TRUNCATED: "truncated",
 }
+#: The entropy-stage status code of each reason (inverse of :data:`STATUS_REASONS`).
+REASON_STATUS = {reason: code for code, reason in STATUS_REASONS.items()}
 
 
 def huffman_lookup(table: HuffmanTable) -> np.ndarray:

@@ -30,7 +30,6 @@ from dlbooster import jpeg, model
 from dlbooster.errors import Malformed
 from dlbooster.hw.entropy import CoefBeat, InputBeat, ScanConfig, TableWrite, scan_program
 
-_REASON_CODES = {reason: code for code, reason in model.STATUS_REASONS.items()}
 
 
 def _pack(layout, value: dict) -> int:
@@ -52,7 +51,7 @@ def expected(data: bytes):
     try:
         blocks, symbols = model.entropy_decode(data, info)
     except Malformed as exc:
-        return _REASON_CODES[exc.reason], None, None, order, info
+        return model.REASON_STATUS[exc.reason], None, None, order, info
     return 0, blocks, symbols, order, info
 
 
