@@ -2,15 +2,19 @@
 
 :class:`IdctPass` is one 1-D 8-point pass of the integer "ISLOW" IDCT, pipelined so that
 every multiplier and every adder level has a register after it: eight inputs in, eight
-outputs out, one vector per clock, six clocks of latency. The two-pass 8x8 core (columns,
-DESCALE 11, transpose, rows, DESCALE 18, range limit) is built from it.
+outputs out, one vector per clock, six clocks of latency. The two-pass 8x8 core :class:`Idct`
+(block assembly, dequantisation, columns, DESCALE 11, transpose, rows, DESCALE 18, range
+limit) is built from two of them and a :class:`TransposeBuffer`.
 """
 
-from amaranth import Array, Module, Signal, signed
+from amaranth import Array, Cat, Const, Module, Mux, Signal, signed, unsigned
 from amaranth.lib import data, stream, wiring
+from amaranth.lib.memory import Memory
 from amaranth.lib.wiring import In, Out
 
-__all__ = ["IdctPass", "LATENCY", "TransposeBuffer"]
+from .entropy import CoefBeat
+
+__all__ = ["BlockRow", "Idct", "IdctPass", "LATENCY", "QuantWrite", "TransposeBuffer"]
 
 #: Clocks from an accepted input vector to its output vector.
 LATENCY = 6
@@ -28,17 +32,22 @@ class IdctPass(wiring.Component):
 
     Args:
         width: bits of each signed input (32 covers both passes of 8-bit JPEG).
+        out_width: bits of each output. The default, ``width + 19``, is exact for any
+            input; a smaller value gives the outputs modulo ``2**out_width`` (two's
+            complement wraps consistently through sums and products), which is all the
+            next step needs when it keeps only low bits.
 
     Ports:
         i: 8 signed inputs ``d0..d7`` (``width`` bits), valid with ``i_valid``.
-        o: 8 signed outputs ``o0..o7`` before descaling, exact (no truncation), valid
+        o: 8 signed outputs ``o0..o7`` before descaling (``out_width`` bits), valid
             with ``o_valid`` :data:`LATENCY` enabled clocks after the input.
         en: advance the pipeline this clock (back-pressure holds every stage).
     """
 
-    def __init__(self, width: int = 32):
+    def __init__(self, width: int = 32, out_width: int | None = None):
         self.width = width
-        out_width = width + 19  # |sum of products| < 2**(width + 18)
+        # |sum of products| < 2**(width + 18): width + 19 bits are always exact.
+        self.out_width = out_width = min(out_width or width + 19, width + 19)
         super().__init__({
             "i": In(signed(width)).array(8),
             "i_valid": In(1),
@@ -72,7 +81,7 @@ class IdctPass(wiring.Component):
         }
         z34 = reg("z34", s1["z3"] + s1["z4"], w + 2)  # an extra stage for z5's operand
         s1b = {k: reg(f"{k}_b", v, len(v)) for k, v in s1.items()}
-        pw = w + 18
+        pw = self.out_width
         # Stage 2: products (and << 13 of the DC terms).
         f = _FIX
         s2 = {
@@ -128,14 +137,21 @@ class TransposeBuffer(wiring.Component):
 
     Args:
         width: bits of each signed element.
+        tag: layout of a per-block tag carried alongside; the tag of a block's last
+            column (column 7) comes out with every one of its rows.
+
+    Ports:
+        i: stream of ``{data: 8 x signed(width), tag}`` columns.
+        o: stream of ``{data: 8 x signed(width), tag}`` rows.
     """
 
-    def __init__(self, width: int = 32):
-        vector = data.ArrayLayout(signed(width), 8)
+    def __init__(self, width: int = 32, tag=1):
         self.width = width
+        self.tag = tag
+        layout = data.StructLayout({"data": data.ArrayLayout(signed(width), 8), "tag": tag})
         super().__init__({
-            "i": In(stream.Signature(vector)),
-            "o": Out(stream.Signature(vector)),
+            "i": In(stream.Signature(layout)),
+            "o": Out(stream.Signature(layout)),
         })
 
     def elaborate(self, platform):
@@ -144,6 +160,7 @@ class TransposeBuffer(wiring.Component):
         # bank[b][r][c]: element (row r, column c) of the block held in bank b.
         bank = Array([Array([Array([Signal(signed(w), name=f"b{b}r{r}c{c}") for c in range(8)])
                              for r in range(8)]) for b in range(2)])
+        tags = Array([Signal(self.tag, name=f"tag{b}") for b in range(2)])
         full = Array([Signal(name=f"full{b}") for b in range(2)])
         wb = Signal()      # bank being written
         wc = Signal(3)     # next column to write
@@ -153,16 +170,227 @@ class TransposeBuffer(wiring.Component):
         m.d.comb += self.i.ready.eq(~full[wb])
         with m.If(self.i.valid & self.i.ready):
             for r in range(8):
-                m.d.sync += bank[wb][r][wc].eq(self.i.payload[r])
-            m.d.sync += wc.eq(wc + 1)
+                m.d.sync += bank[wb][r][wc].eq(self.i.payload.data[r])
+            m.d.sync += [wc.eq(wc + 1), tags[wb].eq(self.i.payload.tag)]
             with m.If(wc == 7):
                 m.d.sync += [full[wb].eq(1), wb.eq(~wb)]
 
-        m.d.comb += self.o.valid.eq(full[rb])
+        m.d.comb += [self.o.valid.eq(full[rb]), self.o.payload.tag.eq(tags[rb])]
         for c in range(8):
-            m.d.comb += self.o.payload[c].eq(bank[rb][rr][c])
+            m.d.comb += self.o.payload.data[c].eq(bank[rb][rr][c])
         with m.If(self.o.valid & self.o.ready):
             m.d.sync += rr.eq(rr + 1)
             with m.If(rr == 7):
                 m.d.sync += [full[rb].eq(0), rb.eq(~rb)]
         return m
+
+
+#: One quantisation-table entry for a scan component (``comp`` 0..2, in scan order),
+#: ``index`` in natural (row-major) order, ``value`` 1..32767 (DQT, T.81 B.2.4.1).
+QuantWrite = data.StructLayout({"comp": 2, "index": 6, "value": 16})
+
+#: One output beat: row ``row`` of the block at ``bx``/``by`` of component ``comp``, its
+#: eight samples left to right (``samples[0]`` is column 0). ``last`` marks row 7.
+#: ``range_fault`` on the row-7 beat is set when some intermediate value of the block left
+#: the range where libjpeg-turbo's C and x86 SIMD IDCTs agree (the samples then follow
+#: the C code; see :func:`dlbooster.model.idct_islow`): the lane must hand the image to
+#: the CPU.
+BlockRow = data.StructLayout({
+    "comp": 2,
+    "bx": 16,
+    "by": 16,
+    "row": 3,
+    "last": 1,
+    "range_fault": 1,
+    "samples": data.ArrayLayout(unsigned(8), 8),
+})
+
+_Tag = data.StructLayout({"comp": 2, "bx": 16, "by": 16, "ok": 1})
+
+#: Largest |pass output| for which libjpeg-turbo's C and SIMD code agree (model.py).
+_LIMIT = (1 << 31) - (1 << 18)
+
+
+def _fits16(x):
+    return (x >= -32768) & (x <= 32767)
+
+
+def _simd_sums_fit(d):
+    """The pairwise sums a 16-bit SIMD lane forms fit 16 bits (model ``_simd_safe``)."""
+    return (_fits16(d[0] + d[4]) & _fits16(d[0] - d[4]) & _fits16(d[2] + d[6])
+            & _fits16(d[7] + d[1]) & _fits16(d[5] + d[3]) & _fits16(d[7] + d[3])
+            & _fits16(d[5] + d[1]) & _fits16(d[7] + d[3] + d[5] + d[1]))
+
+
+class Idct(wiring.Component):
+    """Dequantiser and 8x8 ISLOW IDCT: coefficient beats in, rows of samples out.
+
+    Bit-exact with :func:`dlbooster.model.idct_islow` (SPEC.md 3.1, libjpeg-turbo
+    ``jidctint.c``) for every input, including the wrap of the 32-bit workspace and the
+    ``& 1023`` range limit that only corrupt data reach, and it raises ``range_fault``
+    exactly where the model's ``in_range`` is False.
+
+    Structure: a double-buffered block store (eight row memories, a written-mask so
+    uncoded coefficients read as zero, dequantisation ``coef * q`` on the way in), the
+    column pass (:class:`IdctPass` modulo 2**40, then DESCALE 11 kept modulo 2**29), a
+    :class:`TransposeBuffer`, the row pass (modulo 2**34), DESCALE 18 and the range limit
+    ``T[v & 1023] = clamp(sext10(v) + 128, 0, 255)``. Only the low bits that ``& 1023``
+    keeps are carried; they are exact wherever the range checks pass.
+
+    Throughput: one column or row per clock, so a block every 8 clocks with no stalls
+    (8 samples per clock); a block is accepted as soon as its coefficients arrive while
+    the previous one is transformed. Latency: see ``dlbooster bench idct``.
+
+    Ports:
+        quant: :data:`QuantWrite` stream (always ready); load before the scan's blocks.
+        coef: :data:`CoefBeat` stream from :class:`dlbooster.hw.entropy.EntropyDecoder`;
+            a ``first`` beat starts a fresh block (a block cut short by a faulty scan is
+            dropped), the ``last`` beat completes it.
+        o: :data:`BlockRow` stream, 8 beats per block, blocks in input order.
+    """
+
+    def __init__(self):
+        super().__init__({
+            "quant": In(stream.Signature(QuantWrite)),
+            "coef": In(stream.Signature(CoefBeat)),
+            "o": Out(stream.Signature(BlockRow)),
+        })
+
+    def elaborate(self, platform):
+        m = Module()
+        m.submodules.qmem = qmem = Memory(shape=16, depth=256, init=[])
+        qw = qmem.write_port()
+        qr = qmem.read_port(transparent_for=())
+        m.d.comb += [
+            self.quant.ready.eq(1),
+            qw.en.eq(self.quant.valid),
+            qw.addr.eq(Cat(self.quant.payload.index, self.quant.payload.comp)),
+            qw.data.eq(self.quant.payload.value),
+        ]
+
+        # Block store: row memory r holds row r of both banks (address = bank, column).
+        rows_w, rows_r = [], []
+        for r in range(8):
+            mem = Memory(shape=signed(32), depth=16, init=[])
+            m.submodules[f"row{r}"] = mem
+            rows_w.append(mem.write_port())
+            rows_r.append(mem.read_port(transparent_for=()))
+        mask = Array([Signal(64, name=f"mask{b}") for b in range(2)])
+        full = Array([Signal(name=f"full{b}") for b in range(2)])
+        btag = Array([Signal(_Tag, name=f"btag{b}") for b in range(2)])
+        wb = Signal()   # bank the incoming beats fill
+
+        # Write pipeline: accept (quantiser read) -> multiply -> store.
+        beat = self.coef.payload
+        fire = self.coef.valid & self.coef.ready
+        m.d.comb += [self.coef.ready.eq(~full[wb]), qr.addr.eq(Cat(beat.index, beat.comp))]
+        s1 = Signal(data.StructLayout({"valid": 1, "bank": 1, "beat": CoefBeat}))
+        s2 = Signal(data.StructLayout({"valid": 1, "bank": 1, "beat": CoefBeat, "value": signed(32)}))
+        m.d.sync += [s1.valid.eq(fire), s1.bank.eq(wb), s1.beat.eq(beat),
+                     s2.valid.eq(s1.valid), s2.bank.eq(s1.bank), s2.beat.eq(s1.beat),
+                     s2.value.eq(s1.beat.value * qr.data)]
+        with m.If(fire & beat.last):
+            m.d.sync += wb.eq(~wb)
+        b2 = s2.beat
+        bit = Mux(b2.coef, Const(1, 64) << b2.index, 0)
+        for r in range(8):
+            m.d.comb += [rows_w[r].en.eq(s2.valid & b2.coef & (b2.index[3:6] == r)),
+                         rows_w[r].addr.eq(Cat(b2.index[0:3], s2.bank)),
+                         rows_w[r].data.eq(s2.value)]
+        with m.If(s2.valid):
+            m.d.sync += mask[s2.bank].eq(Mux(b2.first, bit, mask[s2.bank] | bit))
+            with m.If(b2.first):
+                m.d.sync += [btag[s2.bank].comp.eq(b2.comp), btag[s2.bank].bx.eq(b2.bx),
+                             btag[s2.bank].by.eq(b2.by)]
+            with m.If(b2.last):
+                m.d.sync += full[s2.bank].eq(1)
+
+        # Column pass. Every stage from the store read to the transpose buffer input
+        # moves together on en1 (held while the transpose buffer cannot take a column).
+        m.submodules.pass1 = pass1 = IdctPass(width=32, out_width=40)
+        m.submodules.tb = tb = TransposeBuffer(width=29, tag=_Tag)
+        d1 = Signal(data.StructLayout({"valid": 1, "last": 1, "tag": _Tag,
+                                       "w": data.ArrayLayout(signed(29), 8)}))
+        en1 = Signal()
+        m.d.comb += en1.eq(~d1.valid | tb.i.ready)
+        rb = Signal()
+        rc = Signal(3)
+        issue = full[rb] & en1
+        r1 = Signal(data.StructLayout({"valid": 1, "col": 3, "mask": 8, "tag": _Tag}))
+        for r in range(8):
+            m.d.comb += [rows_r[r].en.eq(en1), rows_r[r].addr.eq(Cat(rc, rb))]
+        with m.If(en1):
+            m.d.sync += [r1.valid.eq(issue), r1.col.eq(rc), r1.tag.eq(btag[rb]),
+                         r1.mask.eq(Cat(*(mask[rb].bit_select(r * 8 + rc, 1) for r in range(8))))]
+        with m.If(issue):
+            m.d.sync += rc.eq(rc + 1)
+            with m.If(rc == 7):
+                m.d.sync += [full[rb].eq(0), rb.eq(~rb)]
+        x = [Mux(r1.mask[r], rows_r[r].data, 0) for r in range(8)]
+        inputs_ok = Cat(*(_fits16(v) for v in x)).all() & _simd_sums_fit(x)
+        m.d.comb += [pass1.en.eq(en1), pass1.i_valid.eq(r1.valid)]
+        for r in range(8):
+            m.d.comb += pass1.i[r].eq(x[r])
+        p1 = self._delay(m, Cat(r1.col, r1.tag.as_value(), inputs_ok), en1, "p1")
+        p1_col, p1_tag, p1_ok = p1[0:3], _Tag(p1[3:3 + _Tag.size]), p1[-1]
+        w = [(pass1.o[r] + (1 << 10)) >> 11 for r in range(8)]
+        col_ok = p1_ok & Cat(*((pass1.o[r] >= -_LIMIT) & (pass1.o[r] <= _LIMIT) & _fits16(w[r])
+                               for r in range(8))).all()
+        acc1 = Signal()   # the block's column checks so far
+        with m.If(en1):
+            m.d.sync += [d1.valid.eq(pass1.o_valid), d1.last.eq(p1_col == 7),
+                         d1.tag.eq(p1_tag), d1.tag.ok.eq(col_ok & ((p1_col == 0) | acc1))]
+            m.d.sync += [d1.w[r].eq(w[r]) for r in range(8)]
+            with m.If(pass1.o_valid):
+                m.d.sync += acc1.eq(col_ok & ((p1_col == 0) | acc1))
+        m.d.comb += [tb.i.valid.eq(d1.valid), tb.i.payload.tag.eq(d1.tag)]
+        m.d.comb += [tb.i.payload.data[r].eq(d1.w[r]) for r in range(8)]
+
+        # Row pass, moving on en2 (held while the output beat is not taken).
+        m.submodules.pass2 = pass2 = IdctPass(width=29, out_width=34)
+        e1 = Signal(data.StructLayout({"valid": 1, "row": 3, "tag": _Tag,
+                                       "v": data.ArrayLayout(signed(16), 8)}))
+        e2 = Signal(BlockRow)
+        e2_valid = Signal()
+        en2 = Signal()
+        m.d.comb += en2.eq(~e2_valid | self.o.ready)
+        row = Signal(3)
+        m.d.comb += [tb.o.ready.eq(en2), pass2.en.eq(en2), pass2.i_valid.eq(tb.o.valid)]
+        m.d.comb += [pass2.i[c].eq(tb.o.payload.data[c]) for c in range(8)]
+        with m.If(tb.o.valid & en2):
+            m.d.sync += row.eq(row + 1)
+        sums_ok = _simd_sums_fit([tb.o.payload.data[c] for c in range(8)])
+        p2 = self._delay(m, Cat(row, tb.o.payload.tag.as_value(), sums_ok), en2, "p2")
+        p2_row, p2_tag, p2_ok = p2[0:3], _Tag(p2[3:3 + _Tag.size]), p2[-1]
+        o2 = pass2.o
+        row_ok = p2_ok & Cat(*((o2[c] >= -_LIMIT) & (o2[c] <= _LIMIT) for c in range(8))).all()
+        acc2 = Signal()
+        with m.If(en2):
+            m.d.sync += [e1.valid.eq(pass2.o_valid), e1.row.eq(p2_row), e1.tag.eq(p2_tag),
+                         e1.tag.ok.eq(row_ok & p2_tag.ok & ((p2_row == 0) | acc2))]
+            m.d.sync += [e1.v[c].eq((o2[c] + (1 << 17)) >> 18) for c in range(8)]
+            with m.If(pass2.o_valid):
+                m.d.sync += acc2.eq(row_ok & p2_tag.ok & ((p2_row == 0) | acc2))
+        v_ok = Cat(*((e1.v[c] >= -512) & (e1.v[c] <= 511) for c in range(8))).all()
+        acc3 = Signal()
+        with m.If(en2):
+            m.d.sync += [e2_valid.eq(e1.valid), e2.comp.eq(e1.tag.comp), e2.bx.eq(e1.tag.bx),
+                         e2.by.eq(e1.tag.by), e2.row.eq(e1.row), e2.last.eq(e1.row == 7),
+                         e2.range_fault.eq(~(e1.tag.ok & v_ok & ((e1.row == 0) | acc3)))]
+            with m.If(e1.valid):
+                m.d.sync += acc3.eq(v_ok & ((e1.row == 0) | acc3))
+            for c in range(8):
+                s = e1.v[c][0:10].as_signed() + 128
+                m.d.sync += e2.samples[c].eq(Mux(s < 0, 0, Mux(s > 255, 255, s)))
+        m.d.comb += [self.o.valid.eq(e2_valid), self.o.payload.eq(e2)]
+        return m
+
+    @staticmethod
+    def _delay(m, value, en, name):
+        """``value`` delayed by :data:`LATENCY` enabled clocks (side data of a pass)."""
+        for n in range(LATENCY):
+            r = Signal(len(value), name=f"{name}_d{n}")
+            with m.If(en):
+                m.d.sync += r.eq(value)
+            value = r
+        return value

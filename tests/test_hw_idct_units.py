@@ -95,12 +95,12 @@ def test_transpose_buffer_streams_blocks_with_gaps(blocks, seed):
             offer = bool(pending) and rng.random() < 0.8
             if offer:
                 for n, value in enumerate(pending[0]):
-                    ctx.set(dut.i.payload[n], value)
+                    ctx.set(dut.i.payload.data[n], value)
             ctx.set(dut.i.valid, offer)
             ready = rng.random() < 0.7
             ctx.set(dut.o.ready, ready)
             if ready and ctx.get(dut.o.valid):
-                got.append([ctx.get(dut.o.payload[n]) for n in range(8)])
+                got.append([ctx.get(dut.o.payload.data[n]) for n in range(8)])
             took = offer and ctx.get(dut.i.ready)
             await ctx.tick()
             if took:
@@ -125,16 +125,16 @@ def test_transpose_buffer_sustains_one_vector_per_clock():
         ctx.set(dut.o.ready, 1)
         for column in columns:
             for n, value in enumerate(column):
-                ctx.set(dut.i.payload[n], value)
+                ctx.set(dut.i.payload.data[n], value)
             ctx.set(dut.i.valid, 1)
             assert ctx.get(dut.i.ready), "input stalled while streaming"
             if ctx.get(dut.o.valid):
-                got.append([ctx.get(dut.o.payload[n]) for n in range(8)])
+                got.append([ctx.get(dut.o.payload.data[n]) for n in range(8)])
             await ctx.tick()
         ctx.set(dut.i.valid, 0)
         for _ in range(9):
             if ctx.get(dut.o.valid):
-                got.append([ctx.get(dut.o.payload[n]) for n in range(8)])
+                got.append([ctx.get(dut.o.payload.data[n]) for n in range(8)])
             await ctx.tick()
 
     sim = Simulator(dut)
