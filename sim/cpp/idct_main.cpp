@@ -1,0 +1,110 @@
+// Verilator harness of the IDCT core (hw/idct.py): runs every clock in C++.
+//
+// Reads jobs from stdin and writes results to stdout, both little-endian binary:
+//   job:    u32 n_quant, u32 quant[n_quant] (QuantWrite payloads),
+//           u32 n_beats, n_beats x (u64 low, u32 high) CoefBeat payloads (66 bits),
+//           u32 n_blocks (blocks those beats hold), u32 first_end (index of block 0's last beat),
+//           u32 valid_percent, u32 ready_percent, u32 seed
+//   result: u32 ok, u64 cycles, u32 latency, u32 n_rows,
+//           then n_rows x (u64 low, u64 high) BlockRow payloads (103 bits)
+// A job with n_quant = 0xFFFFFFFF ends the run. The job ends when 8 rows per block have
+// come out (ok = 1) or after (n_beats + 16 * blocks + 256) * 200 / min(valid, ready)
+// clocks (ok = 0: the core hung). Verilator spells the ports a__b as a___05Fb.
+#include <cstdint>
+#include <algorithm>
+#include <cstdio>
+#include <vector>
+#include "Vidct.h"
+#include "verilated.h"
+
+static bool read_all(void *dst, size_t n) { return fread(dst, 1, n, stdin) == n; }
+
+static void tick(Vidct *top) {
+    top->clk = 1;
+    top->eval();
+    top->clk = 0;
+    top->eval();
+}
+
+static uint32_t xorshift(uint32_t &s) {
+    s ^= s << 13; s ^= s >> 17; s ^= s << 5;
+    return s;
+}
+
+int main(int argc, char **argv) {
+    Verilated::commandArgs(argc, argv);
+    auto *top = new Vidct;
+    top->clk = 0;
+    top->rst = 1;
+    top->eval();
+    tick(top);
+    tick(top);
+    top->rst = 0;
+    for (;;) {
+        uint32_t n_quant, n_beats, valid_percent, ready_percent, seed;
+        if (!read_all(&n_quant, 4) || n_quant == 0xFFFFFFFFu) break;
+        std::vector<uint32_t> quant(n_quant);
+        if (!read_all(quant.data(), 4ull * n_quant) || !read_all(&n_beats, 4)) return 1;
+        std::vector<uint64_t> lows(n_beats);
+        std::vector<uint32_t> highs(n_beats);
+        for (uint32_t i = 0; i < n_beats; ++i)
+            if (!read_all(&lows[i], 8) || !read_all(&highs[i], 4)) return 1;
+        uint32_t n_blocks, first_end;
+        if (!read_all(&n_blocks, 4) || !read_all(&first_end, 4) || !read_all(&valid_percent, 4) || !read_all(&ready_percent, 4) || !read_all(&seed, 4)) return 1;
+
+        for (uint32_t q : quant) {  // always ready
+            top->quant___05Fpayload = q;
+            top->quant___05Fvalid = 1;
+            tick(top);
+        }
+        top->quant___05Fvalid = 0;
+
+        uint64_t blocks = n_blocks;
+        uint32_t slowest = std::max<uint32_t>(1, std::min(std::min(valid_percent, ready_percent), 100u));
+        uint64_t bound = (n_beats + 16 * blocks + 256) * 200 / slowest;
+        uint32_t s = seed ? seed : 1;
+        std::vector<uint64_t> out;
+        uint64_t cycles = 0, last0 = 0;
+        uint32_t latency = 0;
+        size_t pos = 0;
+        while (out.size() < 16 * blocks && cycles <= bound) {
+            bool offer = pos < n_beats && (valid_percent >= 100 || xorshift(s) % 100 < valid_percent);
+            bool ready = ready_percent >= 100 || xorshift(s) % 100 < ready_percent;
+            if (offer) {
+                top->coef___05Fpayload[0] = (uint32_t)lows[pos];
+                top->coef___05Fpayload[1] = (uint32_t)(lows[pos] >> 32);
+                top->coef___05Fpayload[2] = highs[pos];
+            }
+            top->coef___05Fvalid = offer;
+            top->o___05Fready = ready;
+            top->eval();
+            bool fire = offer && top->coef___05Fready;
+            if (fire && pos == first_end) last0 = cycles;
+
+            if (top->o___05Fvalid && ready) {
+                if (out.empty()) latency = (uint32_t)(cycles - last0);
+                out.push_back((uint64_t)top->o___05Fpayload[0] | ((uint64_t)top->o___05Fpayload[1] << 32));
+                out.push_back((uint64_t)top->o___05Fpayload[2] | ((uint64_t)top->o___05Fpayload[3] << 32));
+            }
+            tick(top);
+            ++cycles;
+            if (fire) ++pos;
+        }
+        uint32_t ok = out.size() == 16 * blocks;
+        if (!ok) {  // recover for the next job
+            top->rst = 1;
+            tick(top);
+            top->rst = 0;
+        }
+        uint32_t n_rows = (uint32_t)(out.size() / 2);
+        fwrite(&ok, 4, 1, stdout);
+        fwrite(&cycles, 8, 1, stdout);
+        fwrite(&latency, 4, 1, stdout);
+        fwrite(&n_rows, 4, 1, stdout);
+        fwrite(out.data(), 8, out.size(), stdout);
+        fflush(stdout);
+    }
+    top->final();
+    delete top;
+    return 0;
+}
