@@ -16,7 +16,7 @@ from ..jpeg import ZIGZAG
 from .entropy import CoefBeat
 
 __all__ = ["BlockRow", "Idct", "IdctPass", "LATENCY", "QuantWrite", "TransposeBuffer",
-           "block_beats", "quant_writes"]
+           "block_beats", "block_rows", "quant_writes"]
 
 #: Clocks from an accepted input vector to its output vector.
 LATENCY = 6
@@ -133,24 +133,32 @@ class IdctPass(wiring.Component):
 class TransposeBuffer(wiring.Component):
     """Double-buffered 8x8 transpose between the column and the row pass.
 
-    Takes the 8 columns of a block (one 8-element vector per beat, column 0 first) and
-    gives its 8 rows (row 0 first). While one bank is read out the other is written, so
-    blocks stream through at one vector per clock; full back-pressure on both sides.
+    Takes the 8 columns of a block, ``lanes`` per beat (column 0 first), and gives its
+    8 rows, ``lanes`` per beat (row 0 first). While one bank is read out the other is
+    written, so blocks stream through at ``lanes`` vectors per clock; full back-pressure
+    on both sides.
 
     Args:
         width: bits of each signed element.
         tag: layout of a per-block tag carried alongside; the tag of a block's last
-            column (column 7) comes out with every one of its rows.
+            input beat comes out with every one of its output beats.
+        lanes: vectors per beat (1, 2, 4 or 8).
 
     Ports:
-        i: stream of ``{data: 8 x signed(width), tag}`` columns.
-        o: stream of ``{data: 8 x signed(width), tag}`` rows.
+        i: stream of ``{data: lanes x 8 x signed(width), tag}``: ``data[p]`` is column
+            ``lanes * beat + p``.
+        o: stream of ``{data: lanes x 8 x signed(width), tag}``: ``data[q]`` is row
+            ``lanes * beat + q``.
     """
 
-    def __init__(self, width: int = 32, tag=1):
+    def __init__(self, width: int = 32, tag=1, lanes: int = 1):
+        if lanes not in (1, 2, 4, 8):
+            raise ValueError(f"lanes must be 1, 2, 4 or 8, not {lanes}")
         self.width = width
         self.tag = tag
-        layout = data.StructLayout({"data": data.ArrayLayout(signed(width), 8), "tag": tag})
+        self.lanes = lanes
+        vectors = data.ArrayLayout(data.ArrayLayout(signed(width), 8), lanes)
+        layout = data.StructLayout({"data": vectors, "tag": tag})
         super().__init__({
             "i": In(stream.Signature(layout)),
             "o": Out(stream.Signature(layout)),
@@ -158,31 +166,38 @@ class TransposeBuffer(wiring.Component):
 
     def elaborate(self, platform):
         m = Module()
-        w = self.width
+        w, lanes = self.width, self.lanes
+        beats = 8 // lanes
         # bank[b][r][c]: element (row r, column c) of the block held in bank b.
-        bank = Array([Array([Array([Signal(signed(w), name=f"b{b}r{r}c{c}") for c in range(8)])
-                             for r in range(8)]) for b in range(2)])
+        bank = [[[Signal(signed(w), name=f"b{b}r{r}c{c}") for c in range(8)] for r in range(8)]
+                for b in range(2)]
         tags = Array([Signal(self.tag, name=f"tag{b}") for b in range(2)])
         full = Array([Signal(name=f"full{b}") for b in range(2)])
-        wb = Signal()      # bank being written
-        wc = Signal(3)     # next column to write
-        rb = Signal()      # bank being read
-        rr = Signal(3)     # next row to read
+        wb = Signal()                       # bank being written
+        wj = Signal(range(beats))           # next column group to write
+        rb = Signal()                       # bank being read
+        ri = Signal(range(beats))           # next row group to read
 
         m.d.comb += self.i.ready.eq(~full[wb])
         with m.If(self.i.valid & self.i.ready):
-            for r in range(8):
-                m.d.sync += bank[wb][r][wc].eq(self.i.payload.data[r])
-            m.d.sync += [wc.eq(wc + 1), tags[wb].eq(self.i.payload.tag)]
-            with m.If(wc == 7):
+            for b in range(2):
+                for j in range(beats):
+                    with m.If((wb == b) & (wj == j)):
+                        for p in range(lanes):
+                            for r in range(8):
+                                m.d.sync += bank[b][r][j * lanes + p].eq(self.i.payload.data[p][r])
+            m.d.sync += [wj.eq(wj + 1 if beats > 1 else 0), tags[wb].eq(self.i.payload.tag)]
+            with m.If(wj == beats - 1):
                 m.d.sync += [full[wb].eq(1), wb.eq(~wb)]
 
         m.d.comb += [self.o.valid.eq(full[rb]), self.o.payload.tag.eq(tags[rb])]
-        for c in range(8):
-            m.d.comb += self.o.payload.data[c].eq(bank[rb][rr][c])
+        for q in range(lanes):
+            m.d.comb += self.o.payload.data[q].as_value().eq(
+                Array([Cat(*bank[b][i * lanes + q]) for b in range(2) for i in range(beats)])[
+                    Cat(ri, rb) if beats > 1 else rb])
         with m.If(self.o.valid & self.o.ready):
-            m.d.sync += rr.eq(rr + 1)
-            with m.If(rr == 7):
+            m.d.sync += ri.eq(ri + 1 if beats > 1 else 0)
+            with m.If(ri == beats - 1):
                 m.d.sync += [full[rb].eq(0), rb.eq(~rb)]
         return m
 
@@ -191,21 +206,29 @@ class TransposeBuffer(wiring.Component):
 #: ``index`` in natural (row-major) order, ``value`` 1..32767 (DQT, T.81 B.2.4.1).
 QuantWrite = data.StructLayout({"comp": 2, "index": 6, "value": 16})
 
-#: One output beat: row ``row`` of the block at ``bx``/``by`` of component ``comp``, its
-#: eight samples left to right (``samples[0]`` is column 0). ``last`` marks row 7.
-#: ``range_fault`` on the row-7 beat is set when some intermediate value of the block left
-#: the range where libjpeg-turbo's C and x86 SIMD IDCTs agree (the samples then follow
-#: the C code; see :func:`dlbooster.model.idct_islow`): the lane must hand the image to
-#: the CPU.
-BlockRow = data.StructLayout({
-    "comp": 2,
-    "bx": 16,
-    "by": 16,
-    "row": 3,
-    "last": 1,
-    "range_fault": 1,
-    "samples": data.ArrayLayout(unsigned(8), 8),
-})
+def block_rows(lanes: int = 1) -> data.StructLayout:
+    """Layout of an output beat of :class:`Idct` with ``lanes`` rows per beat.
+
+    Rows ``row .. row + lanes - 1`` of the block at ``bx``/``by`` of component ``comp``;
+    ``samples[8 * q + c]`` is column c of row ``row + q``. ``last`` marks the block's
+    final beat. ``range_fault`` on that beat is set when some intermediate value of the
+    block left the range where libjpeg-turbo's C and x86 SIMD IDCTs agree (the samples
+    then follow the C code; see :func:`dlbooster.model.idct_islow`): the lane must hand
+    the image to the CPU.
+    """
+    return data.StructLayout({
+        "comp": 2,
+        "bx": 16,
+        "by": 16,
+        "row": 3,
+        "last": 1,
+        "range_fault": 1,
+        "samples": data.ArrayLayout(unsigned(8), 8 * lanes),
+    })
+
+
+#: Output beat of the one-row-per-clock core (``Idct(lanes=1)``).
+BlockRow = block_rows(1)
 
 _Tag = data.StructLayout({"comp": 2, "bx": 16, "by": 16, "ok": 1})
 
@@ -232,34 +255,56 @@ class Idct(wiring.Component):
     ``& 1023`` range limit that only corrupt data reach, and it raises ``range_fault``
     exactly where the model's ``in_range`` is False.
 
-    Structure: a double-buffered block store (eight row memories, a written-mask so
+    Structure: a block store of ``banks`` blocks (row memories, a written-mask so
     uncoded coefficients read as zero, dequantisation ``coef * q`` on the way in), the
-    column pass (:class:`IdctPass` modulo 2**40, then DESCALE 11 kept modulo 2**29), a
-    :class:`TransposeBuffer`, the row pass (modulo 2**34), DESCALE 18 and the range limit
-    ``T[v & 1023] = clamp(sext10(v) + 128, 0, 255)``. Only the low bits that ``& 1023``
-    keeps are carried; they are exact wherever the range checks pass.
+    column pass (``lanes`` :class:`IdctPass` modulo 2**40, then DESCALE 11 kept modulo
+    2**29), a :class:`TransposeBuffer`, the row pass (modulo 2**34), DESCALE 18 and the
+    range limit ``T[v & 1023] = clamp(sext10(v) + 128, 0, 255)``. Only the low bits that
+    ``& 1023`` keeps are carried; they are exact wherever the range checks pass.
 
-    Throughput: one column or row per clock, so a block every 8 clocks with no stalls
-    (8 samples per clock); a block is accepted as soon as its coefficients arrive while
-    the previous one is transformed. Latency: see ``dlbooster bench idct``.
+    Throughput: ``lanes`` columns, then rows, per clock: a block every ``8 / lanes``
+    clocks (``8 * lanes`` samples per clock) with no stalls. The entropy decoder gives a
+    block in as few as 2 clocks (DC and end-of-block beats), so ``lanes = 4`` can never
+    hold it up; ``lanes = 1`` (8 samples per clock) is the smallest. Latency: see
+    ``dlbooster bench idct``.
+
+    Args:
+        lanes: columns/rows per clock (1, 2, 4 or 8); each costs two :class:`IdctPass`.
+        banks: blocks the store holds, a power of two (default 2 for ``lanes = 1``, else
+            4: a full block's store handshake takes 3 clocks, longer than the 2 clocks
+            that ``lanes = 4`` spends reading it).
 
     Ports:
         quant: :data:`QuantWrite` stream (always ready); load before the scan's blocks.
         coef: :data:`CoefBeat` stream from :class:`dlbooster.hw.entropy.EntropyDecoder`;
             a ``first`` beat starts a fresh block (a block cut short by a faulty scan is
             dropped), the ``last`` beat completes it.
-        o: :data:`BlockRow` stream, 8 beats per block, blocks in input order.
+        o: :func:`block_rows` ``(lanes)`` stream, ``8 / lanes`` beats per block, blocks
+            in input order.
     """
 
-    def __init__(self):
+    def __init__(self, lanes: int = 1, banks: int | None = None):
+        if lanes not in (1, 2, 4, 8):
+            raise ValueError(f"lanes must be 1, 2, 4 or 8, not {lanes}")
+        if banks is None:
+            banks = 2 if lanes == 1 else 4
+        if banks < 2 or banks & (banks - 1):
+            raise ValueError(f"banks must be a power of two, at least 2, not {banks}")
+        self.lanes = lanes
+        self.banks = banks
+        self.row_layout = block_rows(lanes)
         super().__init__({
             "quant": In(stream.Signature(QuantWrite)),
             "coef": In(stream.Signature(CoefBeat)),
-            "o": Out(stream.Signature(BlockRow)),
+            "o": Out(stream.Signature(self.row_layout)),
         })
 
     def elaborate(self, platform):
         m = Module()
+        lanes, nbanks = self.lanes, self.banks
+        beats = 8 // lanes
+        lb = lanes.bit_length() - 1           # log2(lanes)
+        acc1, acc2, acc3 = Signal(), Signal(), Signal()   # a block's checks so far, per stage
         m.submodules.qmem = qmem = Memory(shape=16, depth=256, init=[])
         qw = qmem.write_port()
         qr = qmem.read_port(transparent_for=())
@@ -270,35 +315,41 @@ class Idct(wiring.Component):
             qw.data.eq(self.quant.payload.value),
         ]
 
-        # Block store: row memory r holds row r of both banks (address = bank, column).
-        rows_w, rows_r = [], []
+        # Block store: memory (r, p) holds the columns c = lanes * j + p of row r of every
+        # bank, at address (bank, j), so one read gives ``lanes`` whole columns.
+        mem_w, mem_r = {}, {}
         for r in range(8):
-            mem = Memory(shape=signed(32), depth=16, init=[])
-            m.submodules[f"row{r}"] = mem
-            rows_w.append(mem.write_port())
-            rows_r.append(mem.read_port(transparent_for=()))
-        mask = Array([Signal(64, name=f"mask{b}") for b in range(2)])
-        full = Array([Signal(name=f"full{b}") for b in range(2)])
-        btag = Array([Signal(_Tag, name=f"btag{b}") for b in range(2)])
-        wb = Signal()   # bank the incoming beats fill
+            for p in range(lanes):
+                mem = Memory(shape=signed(32), depth=nbanks * beats, init=[])
+                m.submodules[f"row{r}_{p}"] = mem
+                mem_w[r, p] = mem.write_port()
+                mem_r[r, p] = mem.read_port(transparent_for=())
+        mask = Array([Signal(64, name=f"mask{b}") for b in range(nbanks)])
+        full = Array([Signal(name=f"full{b}") for b in range(nbanks)])
+        btag = Array([Signal(_Tag, name=f"btag{b}") for b in range(nbanks)])
+        wb = Signal(range(nbanks))   # bank the incoming beats fill
 
         # Write pipeline: accept (quantiser read) -> multiply -> store.
         beat = self.coef.payload
         fire = self.coef.valid & self.coef.ready
         m.d.comb += [self.coef.ready.eq(~full[wb]), qr.addr.eq(Cat(beat.index, beat.comp))]
-        s1 = Signal(data.StructLayout({"valid": 1, "bank": 1, "beat": CoefBeat}))
-        s2 = Signal(data.StructLayout({"valid": 1, "bank": 1, "beat": CoefBeat, "value": signed(32)}))
+        bank_shape = range(nbanks)
+        s1 = Signal(data.StructLayout({"valid": 1, "bank": bank_shape, "beat": CoefBeat}))
+        s2 = Signal(data.StructLayout({"valid": 1, "bank": bank_shape, "beat": CoefBeat,
+                                       "value": signed(32)}))
         m.d.sync += [s1.valid.eq(fire), s1.bank.eq(wb), s1.beat.eq(beat),
                      s2.valid.eq(s1.valid), s2.bank.eq(s1.bank), s2.beat.eq(s1.beat),
                      s2.value.eq(s1.beat.value * qr.data)]
         with m.If(fire & beat.last):
-            m.d.sync += wb.eq(~wb)
+            m.d.sync += wb.eq(wb + 1)
         b2 = s2.beat
+        col, row = b2.index[0:3], b2.index[3:6]
         bit = Mux(b2.coef, Const(1, 64) << b2.index, 0)
-        for r in range(8):
-            m.d.comb += [rows_w[r].en.eq(s2.valid & b2.coef & (b2.index[3:6] == r)),
-                         rows_w[r].addr.eq(Cat(b2.index[0:3], s2.bank)),
-                         rows_w[r].data.eq(s2.value)]
+        for (r, p), port in mem_w.items():
+            lane_hit = (col[0:lb] == p) if lb else 1
+            m.d.comb += [port.en.eq(s2.valid & b2.coef & (row == r) & lane_hit),
+                         port.addr.eq(Cat(col[lb:3], s2.bank)),
+                         port.data.eq(s2.value)]
         with m.If(s2.valid):
             m.d.sync += mask[s2.bank].eq(Mux(b2.first, bit, mask[s2.bank] | bit))
             with m.If(b2.first):
@@ -308,82 +359,98 @@ class Idct(wiring.Component):
                 m.d.sync += full[s2.bank].eq(1)
 
         # Column pass. Every stage from the store read to the transpose buffer input
-        # moves together on en1 (held while the transpose buffer cannot take a column).
-        m.submodules.pass1 = pass1 = IdctPass(width=32, out_width=40)
-        m.submodules.tb = tb = TransposeBuffer(width=29, tag=_Tag)
-        d1 = Signal(data.StructLayout({"valid": 1, "last": 1, "tag": _Tag,
-                                       "w": data.ArrayLayout(signed(29), 8)}))
+        # moves together on en1 (held while the transpose buffer cannot take a beat).
+        pass1 = [IdctPass(width=32, out_width=40) for _ in range(lanes)]
+        for p, unit in enumerate(pass1):
+            m.submodules[f"pass1_{p}"] = unit
+        m.submodules.tb = tb = TransposeBuffer(width=29, tag=_Tag, lanes=lanes)
+        d1 = Signal(data.StructLayout({
+            "valid": 1, "tag": _Tag,
+            "w": data.ArrayLayout(data.ArrayLayout(signed(29), 8), lanes)}))
         en1 = Signal()
         m.d.comb += en1.eq(~d1.valid | tb.i.ready)
-        rb = Signal()
-        rc = Signal(3)
+        rb = Signal(range(nbanks))
+        rj = Signal(range(beats))
         issue = full[rb] & en1
-        r1 = Signal(data.StructLayout({"valid": 1, "col": 3, "mask": 8, "tag": _Tag}))
-        for r in range(8):
-            m.d.comb += [rows_r[r].en.eq(en1), rows_r[r].addr.eq(Cat(rc, rb))]
+        r1 = Signal(data.StructLayout({"valid": 1, "group": range(beats), "mask": 8 * lanes,
+                                       "tag": _Tag}))
+        for port in mem_r.values():
+            m.d.comb += [port.en.eq(en1), port.addr.eq(Cat(rj, rb))]
         with m.If(en1):
-            m.d.sync += [r1.valid.eq(issue), r1.col.eq(rc), r1.tag.eq(btag[rb]),
-                         r1.mask.eq(Cat(*(mask[rb].bit_select(r * 8 + rc, 1) for r in range(8))))]
+            m.d.sync += [r1.valid.eq(issue), r1.group.eq(rj), r1.tag.eq(btag[rb]),
+                         r1.mask.eq(Cat(*(mask[rb].bit_select(r * 8 + rj * lanes + p, 1)
+                                          for p in range(lanes) for r in range(8))))]
         with m.If(issue):
-            m.d.sync += rc.eq(rc + 1)
-            with m.If(rc == 7):
-                m.d.sync += [full[rb].eq(0), rb.eq(~rb)]
-        x = [Mux(r1.mask[r], rows_r[r].data, 0) for r in range(8)]
-        inputs_ok = Cat(*(_fits16(v) for v in x)).all() & _simd_sums_fit(x)
-        m.d.comb += [pass1.en.eq(en1), pass1.i_valid.eq(r1.valid)]
-        for r in range(8):
-            m.d.comb += pass1.i[r].eq(x[r])
-        p1 = self._delay(m, Cat(r1.col, r1.tag.as_value(), inputs_ok), en1, "p1")
-        p1_col, p1_tag, p1_ok = p1[0:3], _Tag(p1[3:3 + _Tag.size]), p1[-1]
-        w = [(pass1.o[r] + (1 << 10)) >> 11 for r in range(8)]
-        col_ok = p1_ok & Cat(*((pass1.o[r] >= -_LIMIT) & (pass1.o[r] <= _LIMIT) & _fits16(w[r])
-                               for r in range(8))).all()
-        acc1 = Signal()   # the block's column checks so far
+            m.d.sync += rj.eq(rj + 1 if beats > 1 else 0)
+            with m.If(rj == beats - 1):
+                m.d.sync += [full[rb].eq(0), rb.eq(rb + 1)]
+        inputs_ok = []
+        for p, unit in enumerate(pass1):
+            x = [Mux(r1.mask[8 * p + r], mem_r[r, p].data, 0) for r in range(8)]
+            inputs_ok.append(Cat(*(_fits16(v) for v in x)).all() & _simd_sums_fit(x))
+            m.d.comb += [unit.en.eq(en1), unit.i_valid.eq(r1.valid)]
+            m.d.comb += [unit.i[r].eq(x[r]) for r in range(8)]
+        p1 = self._delay(m, Cat(r1.group, r1.tag.as_value(), Cat(*inputs_ok).all()), en1, "p1")
+        gw = len(r1.group)
+        p1_group, p1_tag, p1_ok = p1[0:gw], _Tag(p1[gw:gw + _Tag.size]), p1[-1]
+        checks = [p1_ok]
+        for p, unit in enumerate(pass1):
+            w = [(unit.o[r] + (1 << 10)) >> 11 for r in range(8)]
+            checks += [(unit.o[r] >= -_LIMIT) & (unit.o[r] <= _LIMIT) & _fits16(w[r]) for r in range(8)]
+            with m.If(en1):
+                m.d.sync += [d1.w[p][r].eq(w[r]) for r in range(8)]
+        group_ok = Cat(*checks).all() & ((p1_group == 0) | acc1)
         with m.If(en1):
-            m.d.sync += [d1.valid.eq(pass1.o_valid), d1.last.eq(p1_col == 7),
-                         d1.tag.eq(p1_tag), d1.tag.ok.eq(col_ok & ((p1_col == 0) | acc1))]
-            m.d.sync += [d1.w[r].eq(w[r]) for r in range(8)]
-            with m.If(pass1.o_valid):
-                m.d.sync += acc1.eq(col_ok & ((p1_col == 0) | acc1))
-        m.d.comb += [tb.i.valid.eq(d1.valid), tb.i.payload.tag.eq(d1.tag)]
-        m.d.comb += [tb.i.payload.data[r].eq(d1.w[r]) for r in range(8)]
+            m.d.sync += [d1.valid.eq(pass1[0].o_valid), d1.tag.eq(p1_tag), d1.tag.ok.eq(group_ok)]
+            with m.If(pass1[0].o_valid):
+                m.d.sync += acc1.eq(group_ok)
+        m.d.comb += [tb.i.valid.eq(d1.valid), tb.i.payload.tag.eq(d1.tag),
+                     tb.i.payload.data.eq(d1.w)]
 
         # Row pass, moving on en2 (held while the output beat is not taken).
-        m.submodules.pass2 = pass2 = IdctPass(width=29, out_width=34)
-        e1 = Signal(data.StructLayout({"valid": 1, "row": 3, "tag": _Tag,
-                                       "v": data.ArrayLayout(signed(16), 8)}))
-        e2 = Signal(BlockRow)
+        pass2 = [IdctPass(width=29, out_width=34) for _ in range(lanes)]
+        for q, unit in enumerate(pass2):
+            m.submodules[f"pass2_{q}"] = unit
+        e1 = Signal(data.StructLayout({"valid": 1, "group": range(beats), "tag": _Tag,
+                                       "v": data.ArrayLayout(signed(16), 8 * lanes)}))
+        e2 = Signal(self.row_layout)
         e2_valid = Signal()
         en2 = Signal()
         m.d.comb += en2.eq(~e2_valid | self.o.ready)
-        row = Signal(3)
-        m.d.comb += [tb.o.ready.eq(en2), pass2.en.eq(en2), pass2.i_valid.eq(tb.o.valid)]
-        m.d.comb += [pass2.i[c].eq(tb.o.payload.data[c]) for c in range(8)]
+        group = Signal(range(beats))
+        m.d.comb += tb.o.ready.eq(en2)
+        sums_ok = []
+        for q, unit in enumerate(pass2):
+            m.d.comb += [unit.en.eq(en2), unit.i_valid.eq(tb.o.valid)]
+            m.d.comb += [unit.i[c].eq(tb.o.payload.data[q][c]) for c in range(8)]
+            sums_ok.append(_simd_sums_fit([tb.o.payload.data[q][c] for c in range(8)]))
         with m.If(tb.o.valid & en2):
-            m.d.sync += row.eq(row + 1)
-        sums_ok = _simd_sums_fit([tb.o.payload.data[c] for c in range(8)])
-        p2 = self._delay(m, Cat(row, tb.o.payload.tag.as_value(), sums_ok), en2, "p2")
-        p2_row, p2_tag, p2_ok = p2[0:3], _Tag(p2[3:3 + _Tag.size]), p2[-1]
-        o2 = pass2.o
-        row_ok = p2_ok & Cat(*((o2[c] >= -_LIMIT) & (o2[c] <= _LIMIT) for c in range(8))).all()
-        acc2 = Signal()
+            m.d.sync += group.eq(group + 1 if beats > 1 else 0)
+        p2 = self._delay(m, Cat(group, tb.o.payload.tag.as_value(), Cat(*sums_ok).all()), en2, "p2")
+        p2_group, p2_tag, p2_ok = p2[0:gw], _Tag(p2[gw:gw + _Tag.size]), p2[-1]
+        checks = [p2_ok, p2_tag.ok]
+        for q, unit in enumerate(pass2):
+            checks += [(unit.o[c] >= -_LIMIT) & (unit.o[c] <= _LIMIT) for c in range(8)]
+            with m.If(en2):
+                m.d.sync += [e1.v[8 * q + c].eq((unit.o[c] + (1 << 17)) >> 18) for c in range(8)]
+        rows_ok = Cat(*checks).all() & ((p2_group == 0) | acc2)
         with m.If(en2):
-            m.d.sync += [e1.valid.eq(pass2.o_valid), e1.row.eq(p2_row), e1.tag.eq(p2_tag),
-                         e1.tag.ok.eq(row_ok & p2_tag.ok & ((p2_row == 0) | acc2))]
-            m.d.sync += [e1.v[c].eq((o2[c] + (1 << 17)) >> 18) for c in range(8)]
-            with m.If(pass2.o_valid):
-                m.d.sync += acc2.eq(row_ok & p2_tag.ok & ((p2_row == 0) | acc2))
-        v_ok = Cat(*((e1.v[c] >= -512) & (e1.v[c] <= 511) for c in range(8))).all()
-        acc3 = Signal()
+            m.d.sync += [e1.valid.eq(pass2[0].o_valid), e1.group.eq(p2_group), e1.tag.eq(p2_tag),
+                         e1.tag.ok.eq(rows_ok)]
+            with m.If(pass2[0].o_valid):
+                m.d.sync += acc2.eq(rows_ok)
+        v_ok = (Cat(*((e1.v[n] >= -512) & (e1.v[n] <= 511) for n in range(8 * lanes))).all()
+                & ((e1.group == 0) | acc3))
         with m.If(en2):
             m.d.sync += [e2_valid.eq(e1.valid), e2.comp.eq(e1.tag.comp), e2.bx.eq(e1.tag.bx),
-                         e2.by.eq(e1.tag.by), e2.row.eq(e1.row), e2.last.eq(e1.row == 7),
-                         e2.range_fault.eq(~(e1.tag.ok & v_ok & ((e1.row == 0) | acc3)))]
+                         e2.by.eq(e1.tag.by), e2.row.eq(e1.group * lanes),
+                         e2.last.eq(e1.group == beats - 1),
+                         e2.range_fault.eq(~(e1.tag.ok & v_ok))]
             with m.If(e1.valid):
-                m.d.sync += acc3.eq(v_ok & ((e1.row == 0) | acc3))
-            for c in range(8):
-                s = e1.v[c][0:10].as_signed() + 128
-                m.d.sync += e2.samples[c].eq(Mux(s < 0, 0, Mux(s > 255, 255, s)))
+                m.d.sync += acc3.eq(v_ok)
+            for n in range(8 * lanes):
+                s = e1.v[n][0:10].as_signed() + 128
+                m.d.sync += e2.samples[n].eq(Mux(s < 0, 0, Mux(s > 255, 255, s)))
         m.d.comb += [self.o.valid.eq(e2_valid), self.o.payload.eq(e2)]
         return m
 

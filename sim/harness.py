@@ -20,20 +20,22 @@ import numpy as np
 from .flow import _locked, cache_root, export_verilog, toolchain_env
 
 __all__ = ["EntropyHarness", "HarnessResult", "IdctHarness", "IdctResult", "blocks_from_beats",
-           "build_entropy_harness", "build_idct_harness", "pack"]
+           "build_chain_harness", "build_entropy_harness", "build_idct_harness", "pack",
+           "ChainHarness", "ChainResult"]
 
 _CPP = Path(__file__).parent / "cpp" / "entropy_main.cpp"
 _CPP_IDCT = Path(__file__).parent / "cpp" / "idct_main.cpp"
+_CPP_CHAIN = Path(__file__).parent / "cpp" / "chain_main.cpp"
 TIMEOUT = 0xFFFFFFFF
 
 
-def _build_harness(component, top: str, cpp: Path, exe_name: str) -> Path:
+def _build_harness(component, top: str, cpp: Path, exe_name: str, cflags: str = "") -> Path:
     """Build (or reuse) a Verilator executable of ``component`` driven by ``cpp``."""
     toolchain_env()
     verilog = export_verilog(component, top)
     source = cpp.read_text()
     cmd_flags = ["--cc", "--exe", "--build", "-j", "2", "-O3", "--x-assign", "fast", "--x-initial",
-                 "fast", "-Wno-fatal", "--top-module", top, "-CFLAGS", "-O2"]
+                 "fast", "-Wno-fatal", "--top-module", top, "-CFLAGS", f"-O2 {cflags}".strip()]
     version = subprocess.run(["verilator", "--version"], capture_output=True, text=True).stdout
     digest = hashlib.sha256("\0".join([verilog, source, version, *cmd_flags]).encode()).hexdigest()[:16]
     build_dir = cache_root() / "harness" / f"{exe_name}-{digest}"
@@ -60,11 +62,19 @@ def build_entropy_harness() -> Path:
     return _build_harness(EntropyDecoder(), "entropy_decoder", _CPP, "entropy")
 
 
-def build_idct_harness() -> Path:
-    """Build (or reuse) the IDCT core's Verilator harness; returns its path."""
+def build_idct_harness(lanes: int = 1) -> Path:
+    """Build (or reuse) the Verilator harness of ``Idct(lanes)``; returns its path."""
     from dlbooster.hw.idct import Idct
 
-    return _build_harness(Idct(), "idct", _CPP_IDCT, "idct")
+    return _build_harness(Idct(lanes), "idct", _CPP_IDCT, "idct", f"-DLANES={lanes}")
+
+
+def build_chain_harness(fifo_depth: int = 0, lanes: int = 1) -> Path:
+    """Build (or reuse) the harness of :class:`dlbooster.sim.chain.EntropyIdctChain`."""
+    from .chain import EntropyIdctChain
+
+    return _build_harness(EntropyIdctChain(fifo_depth, lanes), "chain", _CPP_CHAIN, "chain",
+                          f"-DLANES={lanes}")
 
 
 @dataclass
@@ -186,13 +196,42 @@ class EntropyHarness(_Process):
 
 
 def _field(beats: np.ndarray, offset: int, width: int) -> np.ndarray:
-    lo, hi = beats[:, 0], beats[:, 1]
-    if offset >= 64:
-        return (hi >> np.uint64(offset - 64)) & np.uint64((1 << width) - 1)
-    value = lo >> np.uint64(offset)
-    if offset + width > 64:
-        value = value | (hi << np.uint64(64 - offset))
+    """Bits ``offset .. offset + width - 1`` (width <= 64) of payloads held as uint64
+    words (N, K), least significant word first."""
+    word, shift = divmod(offset, 64)
+    value = beats[:, word] >> np.uint64(shift)
+    if shift and shift + width > 64:
+        value = value | (beats[:, word + 1] << np.uint64(64 - shift))
     return value & np.uint64((1 << width) - 1)
+
+
+def _read_rows(proc: "_Process", lanes: int, n_blocks: int | None):
+    """Read ``u32 n_beats, u32 words`` and the output beats of a harness; returns
+    ``(samples uint8 (N, 8, 8), tags int64 (N, 3), range_fault bool (N,))`` per block,
+    checking that every block's beats come in row order with ``last`` on the final one."""
+    from dlbooster.hw.idct import block_rows
+
+    n, words = struct.unpack("<II", proc._read(8))
+    raw = np.frombuffer(proc._read(4 * words * n), dtype="<u4").reshape(n, words)
+    if words % 2:
+        raw = np.concatenate([raw, np.zeros((n, 1), dtype="<u4")], axis=1)
+    rows = raw.astype(np.uint64)
+    rows = rows[:, 0::2] | (rows[:, 1::2] << np.uint64(32))
+    layout = block_rows(lanes)
+    get = {name: _field(rows, layout[name].offset, layout[name].width).astype(np.int64)
+           for name in ("comp", "bx", "by", "row", "last", "range_fault")}
+    off = layout["samples"].offset
+    samples = np.stack([_field(rows, off + 8 * k, 8) for k in range(8 * lanes)], axis=1)
+    per = 8 // lanes
+    if n % per or (n_blocks is not None and n != per * n_blocks):
+        raise RuntimeError(f"{n} output beats, expected {per} per block")
+    blocks = n // per
+    order = np.tile(np.arange(0, 8, lanes), blocks)
+    if (get["row"] != order).any() or (get["last"] != (get["row"] == 8 - lanes)).any():
+        raise RuntimeError("IDCT output beats out of row order")
+    samples = samples.astype(np.uint8).reshape(blocks, 8, 8)
+    tags = np.stack([get["comp"][::per], get["by"][::per], get["bx"][::per]], axis=1)
+    return samples, tags, get["range_fault"][per - 1::per] == 1
 
 
 def blocks_from_beats(beats: np.ndarray, shapes: list[tuple[int, int]]) -> tuple[list[np.ndarray], np.ndarray]:
@@ -270,8 +309,9 @@ class IdctHarness(_Process):
     Use as a context manager: ``with IdctHarness() as h: h.transform(blocks, quant)``.
     """
 
-    def __init__(self):
-        super().__init__(build_idct_harness(), "idct harness")
+    def __init__(self, lanes: int = 1):
+        self.lanes = lanes
+        super().__init__(build_idct_harness(lanes), "idct harness")
 
     def transform(self, blocks: np.ndarray, quant, comps=None, *, valid_percent: int = 100,
                   ready_percent: int = 100, seed: int = 1) -> IdctResult:
@@ -307,18 +347,63 @@ class IdctHarness(_Process):
                              valid_percent, ready_percent, seed))
         self.proc.stdin.write(job)
         self.proc.stdin.flush()
-        ok, cycles, latency, n = struct.unpack("<IQII", self._read(20))
-        rows = np.frombuffer(self._read(16 * n), dtype="<u8").reshape(n, 2)
+        ok, cycles, latency = struct.unpack("<IQI", self._read(16))
+        samples, tags, faults = _read_rows(self, self.lanes, None)
         if not ok:
-            raise RuntimeError(f"IDCT core hung: {n} of {8 * len(blocks)} rows after {cycles} clocks")
-        from dlbooster.hw.idct import BlockRow
+            raise RuntimeError(f"IDCT core hung: {len(samples)} of {len(blocks)} blocks after {cycles} clocks")
+        return IdctResult(samples, tags, faults, cycles, latency)
 
-        get = {name: _field(rows, field.offset, field.width).astype(np.int64)
-               for name, field in BlockRow if name != "samples"}
-        off = BlockRow["samples"].offset
-        samples = np.stack([_field(rows, off + 8 * c, 8) for c in range(8)], axis=1).astype(np.uint8)
-        if (get["row"] != np.tile(np.arange(8), len(blocks))).any() or (get["last"] != (get["row"] == 7)).any():
-            raise RuntimeError("IDCT rows out of order")
-        tags = np.stack([get["comp"][::8], get["by"][::8], get["bx"][::8]], axis=1)
-        return IdctResult(samples.reshape(-1, 8, 8), tags, get["range_fault"][7::8] == 1,
-                          cycles, latency)
+
+@dataclass
+class ChainResult:
+    """One scan through entropy decoder and IDCT: ``status``, ``symbols``,
+    ``done_cycles`` (start to the entropy decoder's done), ``cycles`` (start to the last
+    row taken), ``samples`` uint8 (N, 8, 8) and ``tags`` int64 (N, 3) (component, by, bx)
+    of the blocks in output order."""
+
+    status: int
+    symbols: int
+    done_cycles: int
+    cycles: int
+    samples: np.ndarray
+    tags: np.ndarray
+
+
+class ChainHarness(_Process):
+    """A running Verilator harness of the entropy decoder feeding the IDCT core."""
+
+    def __init__(self, fifo_depth: int = 0, lanes: int = 1):
+        self.lanes = lanes
+        super().__init__(build_chain_harness(fifo_depth, lanes), "chain harness")
+
+    def decode(self, data: bytes, info=None, *, ready_percent: int = 100, seed: int = 1) -> ChainResult:
+        """Decode the first scan of a hardware-decodable JPEG to IDCT samples.
+
+        Args:
+            data: the file; info: its parsed headers if already at hand.
+            ready_percent: probability (%) that an output row is taken in a clock.
+            seed: seed of that pattern.
+        """
+        from dlbooster import jpeg, model
+        from dlbooster.hw.entropy import ScanConfig, TableWrite, scan_program
+        from dlbooster.hw.idct import QuantWrite, quant_writes
+
+        info = info or jpeg.parse(data)
+        config, writes, start, end = scan_program(info)
+        scan_bits = ScanConfig.const(config).as_value().value
+        words = [TableWrite.const(w).as_value().value for w in writes]
+        scan = info.scans[0]
+        quant = [pack(QuantWrite, w) for c, (index, _, _) in enumerate(scan.components)
+                 for w in quant_writes(c, scan.qtables[info.frame.components[index].tq])]
+        n_blocks = len(model.block_order(info))
+        stream = data[start:end]
+        job = (struct.pack("<I", len(words)) + struct.pack(f"<{len(words)}I", *words)
+               + struct.pack("<I", len(quant)) + struct.pack(f"<{len(quant)}I", *quant)
+               + struct.pack("<3I", scan_bits & 0xFFFFFFFF, (scan_bits >> 32) & 0xFFFFFFFF, scan_bits >> 64)
+               + struct.pack("<I", len(stream)) + stream
+               + struct.pack("<III", n_blocks, ready_percent, seed))
+        self.proc.stdin.write(job)
+        self.proc.stdin.flush()
+        status, symbols, done_cycles, cycles = struct.unpack("<IIQQ", self._read(24))
+        samples, tags, _ = _read_rows(self, self.lanes, n_blocks if status == 0 else None)
+        return ChainResult(status, symbols, done_cycles, cycles, samples, tags)

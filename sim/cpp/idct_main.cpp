@@ -5,10 +5,11 @@
 //           u32 n_beats, n_beats x (u64 low, u32 high) CoefBeat payloads (66 bits),
 //           u32 n_blocks (blocks those beats hold), u32 first_end (index of block 0's last beat),
 //           u32 valid_percent, u32 ready_percent, u32 seed
-//   result: u32 ok, u64 cycles, u32 latency, u32 n_rows,
-//           then n_rows x (u64 low, u64 high) BlockRow payloads (103 bits)
-// A job with n_quant = 0xFFFFFFFF ends the run. The job ends when 8 rows per block have
-// come out (ok = 1) or after (n_beats + 16 * blocks + 256) * 200 / min(valid, ready)
+//   result: u32 ok, u64 cycles, u32 latency, u32 n_beats, u32 words,
+//           then n_beats x words x u32: output beat payloads (block_rows(lanes))
+// Compile with -DLANES=n (rows per output beat).
+// A job with n_quant = 0xFFFFFFFF ends the run. The job ends when all beats of every block
+// have come out (ok = 1) or after (n_beats + 16 * blocks + 256) * 200 / min(valid, ready)
 // clocks (ok = 0: the core hung). Verilator spells the ports a__b as a___05Fb.
 #include <cstdint>
 #include <algorithm>
@@ -16,6 +17,10 @@
 #include <vector>
 #include "Vidct.h"
 #include "verilated.h"
+
+// 32-bit words of an output beat (the payload width depends on the core's lanes).
+static const uint32_t kLanes = LANES;
+static const uint32_t kRowWords = sizeof(((Vidct *)nullptr)->o___05Fpayload) / 4;
 
 static bool read_all(void *dst, size_t n) { return fread(dst, 1, n, stdin) == n; }
 
@@ -63,11 +68,11 @@ int main(int argc, char **argv) {
         uint32_t slowest = std::max<uint32_t>(1, std::min(std::min(valid_percent, ready_percent), 100u));
         uint64_t bound = (n_beats + 16 * blocks + 256) * 200 / slowest;
         uint32_t s = seed ? seed : 1;
-        std::vector<uint64_t> out;
+        std::vector<uint32_t> out;
         uint64_t cycles = 0, last0 = 0;
         uint32_t latency = 0;
         size_t pos = 0;
-        while (out.size() < 16 * blocks && cycles <= bound) {
+        while (out.size() < (size_t)kRowWords * (8 / kLanes) * blocks && cycles <= bound) {
             bool offer = pos < n_beats && (valid_percent >= 100 || xorshift(s) % 100 < valid_percent);
             bool ready = ready_percent >= 100 || xorshift(s) % 100 < ready_percent;
             if (offer) {
@@ -83,25 +88,25 @@ int main(int argc, char **argv) {
 
             if (top->o___05Fvalid && ready) {
                 if (out.empty()) latency = (uint32_t)(cycles - last0);
-                out.push_back((uint64_t)top->o___05Fpayload[0] | ((uint64_t)top->o___05Fpayload[1] << 32));
-                out.push_back((uint64_t)top->o___05Fpayload[2] | ((uint64_t)top->o___05Fpayload[3] << 32));
+                for (uint32_t w = 0; w < kRowWords; ++w) out.push_back(top->o___05Fpayload[w]);
             }
             tick(top);
             ++cycles;
             if (fire) ++pos;
         }
-        uint32_t ok = out.size() == 16 * blocks;
+        uint32_t ok = out.size() == (size_t)kRowWords * (8 / kLanes) * blocks;
         if (!ok) {  // recover for the next job
             top->rst = 1;
             tick(top);
             top->rst = 0;
         }
-        uint32_t n_rows = (uint32_t)(out.size() / 2);
+        uint32_t n_rows = (uint32_t)(out.size() / kRowWords);
         fwrite(&ok, 4, 1, stdout);
         fwrite(&cycles, 8, 1, stdout);
         fwrite(&latency, 4, 1, stdout);
         fwrite(&n_rows, 4, 1, stdout);
-        fwrite(out.data(), 8, out.size(), stdout);
+        fwrite(&kRowWords, 4, 1, stdout);
+        fwrite(out.data(), 4, out.size(), stdout);
         fflush(stdout);
     }
     top->final();
