@@ -11,6 +11,11 @@ Inputs default to the ImageNet sample photos of the shared corpus
 - ``bench entropy``: the entropy decoder core in cycle-accurate simulation (Verilator,
   C++ harness): symbols, clocks, symbols/clock and coded bytes/clock per file and in
   total, every coefficient and status checked against the reference model.
+- ``bench idct``: the IDCT core in cycle-accurate simulation (Verilator) for each
+  ``--lanes`` value: the IEEE 1180-1990 test on the RTL, latency and clocks per block
+  (dense and DC-only blocks), and, on photos, the entropy decoder feeding the IDCT
+  against the entropy decoder alone (does the IDCT ever hold it up?), every block's
+  samples checked against the reference model.
 """
 
 from __future__ import annotations
@@ -31,7 +36,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     kinds = parser.add_subparsers(dest="kind", required=True)
     for kind, text in (("parse", "header parse + classify, microseconds per file"),
                        ("decode", "Pillow vs cpu backend vs reference model, images/s"),
-                       ("entropy", "entropy decoder core in Verilator: symbols per clock")):
+                       ("entropy", "entropy decoder core in Verilator: symbols per clock"),
+                       ("idct", "IDCT core in Verilator: IEEE 1180, clocks/block, stalls it causes")):
         p = kinds.add_parser(kind, help=text, description=text)
         p.add_argument("paths", nargs="*", metavar="PATH",
                        help="files or folders (default: the corpus ImageNet sample photos)")
@@ -39,6 +45,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         p.add_argument("--json", metavar="FILE", help="write the results as JSON")
         if kind == "parse":
             p.add_argument("--repeat", type=int, default=20, help="timed repetitions per file")
+        elif kind == "idct":
+            p.add_argument("--lanes", default="1,2,4",
+                           help="comma-separated IDCT lane counts (rows per clock) to measure")
+            p.add_argument("--ieee-blocks", type=int, default=10000,
+                           help="blocks per IEEE 1180 run (0 skips the test)")
         elif kind == "entropy":
             p.add_argument("--per-file", action="store_true", help="print a row per file")
             p.add_argument("--ready", type=int, default=100,
@@ -205,8 +216,120 @@ def bench_entropy(files: list[tuple[str, bytes]], ready_percent: int) -> dict:
     }
 
 
+def bench_idct(files: list[tuple[str, bytes]], lanes_list: list[int], ieee_blocks: int) -> dict:
+    import numpy as np
+
+    from . import ieee1180, jpeg, model
+    from .sim.harness import ChainHarness, EntropyHarness, IdctHarness
+
+    hw_files = []
+    for path, data in files:
+        info = jpeg.parse(data)
+        if jpeg.classify(info) is not None:
+            continue
+        try:
+            out = model.decode(data)
+        except Exception:  # the lane hands corrupt entropy data to the CPU
+            continue
+        hw_files.append((path, data, info, out))
+    entropy_cycles = {}
+    with EntropyHarness() as harness:
+        for path, data, info, _ in hw_files:
+            entropy_cycles[path] = harness.decode(data, info).cycles
+    configs = []
+    for lanes in lanes_list:
+        t0 = time.perf_counter()
+        config = {"lanes": lanes, "samples_per_clock": 8 * lanes}
+        with IdctHarness(lanes) as harness:
+            if ieee_blocks:
+                one = np.ones(64, dtype=np.int64)
+                results = ieee1180.run(lambda c: harness.transform(c, one).samples, ieee_blocks)
+                config["ieee1180"] = {"blocks_per_run": ieee_blocks,
+                                      "passed": all(r.passed for r in results)
+                                      and ieee1180.zero_input_gives_zero(
+                                          lambda c: harness.transform(c, one).samples),
+                                      "runs": [r.to_json() for r in results]}
+            rng = np.random.default_rng(0)
+            dense = rng.integers(-64, 64, (2000, 64)).astype(np.int16)
+            dc_only = np.zeros((2000, 64), dtype=np.int16)
+            dc_only[:, 0] = rng.integers(-100, 100, 2000)
+            for name, blocks in (("dense_64_beats", dense), ("dc_only_2_beats", dc_only)):
+                r = harness.transform(blocks, np.ones(64, dtype=np.int64))
+                config[name] = {"blocks": len(blocks), "cycles": r.cycles,
+                                "clocks_per_block": r.cycles / len(blocks), "latency": r.latency}
+        rows = []
+        with ChainHarness(0, lanes) as chain:
+            for path, data, info, out in hw_files:
+                r = chain.decode(data, info)
+                order = model.block_order(info)
+                same = r.status == 0 and np.array_equal(r.tags, order)
+                if same:
+                    for c, grid in enumerate(out.coefficients):
+                        sel = order[:, 0] == c
+                        expect = model.idct_islow(grid[order[sel, 1], order[sel, 2]],
+                                                  info.scans[0].qtables[info.frame.components[c].tq])[0]
+                        same = same and bool((r.samples[sel] == expect).all())
+                rows.append({"path": path, "subsampling": info.subsampling, "blocks": len(order),
+                             "symbols": r.symbols, "entropy_alone": entropy_cycles[path],
+                             "entropy_done": r.done_cycles, "cycles": r.cycles,
+                             "stall_ratio": r.done_cycles / max(entropy_cycles[path], 1),
+                             "matches_model": bool(same)})
+        groups = {}
+        for row in rows:
+            groups.setdefault(row["subsampling"], []).append(row)
+        groups["all"] = rows
+        config["photos"] = {k: {
+            "files": len(v), "blocks": sum(x["blocks"] for x in v),
+            "symbols_per_block": sum(x["symbols"] for x in v) / max(sum(x["blocks"] for x in v), 1),
+            "entropy_alone": sum(x["entropy_alone"] for x in v),
+            "with_idct": sum(x["cycles"] for x in v),
+            "slowdown": sum(x["entropy_done"] for x in v) / max(sum(x["entropy_alone"] for x in v), 1),
+            "worst_file_slowdown": max(x["stall_ratio"] for x in v),
+            "files_held_up": sum(x["entropy_done"] > x["entropy_alone"] for x in v),
+        } for k, v in sorted(groups.items())}
+        config["model_mismatches"] = sum(not x["matches_model"] for x in rows)
+        config["per_file"] = rows
+        config["wall_s"] = time.perf_counter() - t0
+        configs.append(config)
+    return {"benchmark": "IDCT core, Verilator", "files": len(hw_files), "configs": configs,
+            **_machine()}
+
+
+def _print_idct(result: dict) -> None:
+    for config in result["configs"]:
+        lanes = config["lanes"]
+        print(f"\nIDCT lanes={lanes} ({config['samples_per_clock']} samples/clock)")
+        if "ieee1180" in config:
+            ieee = config["ieee1180"]
+            print(f"IEEE 1180-1990 on the RTL, {ieee['blocks_per_run']} blocks per run: "
+                  f"{'PASS' if ieee['passed'] else 'FAIL'}")
+            rows = [[f"{r['range'][0]}..{r['range'][1]}", r["sign"], r["peak"], f"{r['pmse']:.4f}",
+                     f"{r['omse']:.4f}", f"{r['pme']:.4f}", f"{r['ome']:.5f}"] for r in ieee["runs"]]
+            from .ieee1180 import LIMITS
+
+            rows.append(["limits", "", *(f"{LIMITS[k]:g}" for k in ("peak", "pmse", "omse", "pme", "ome"))])
+            print(_table(["range", "sign", "peak", "pmse", "omse", "pme", "ome"], rows))
+        print(_table(["blocks", "count", "clocks", "clocks/block", "latency (clocks)"],
+                     [[k, config[k]["blocks"], config[k]["cycles"], f"{config[k]['clocks_per_block']:.3f}",
+                       config[k]["latency"]] for k in ("dense_64_beats", "dc_only_2_beats")]))
+        print(_table(["photos", "files", "symbols/block", "entropy alone", "entropy+IDCT",
+                      "slowdown", "worst file", "files held up"],
+                     [[k, t["files"], f"{t['symbols_per_block']:.2f}", t["entropy_alone"], t["with_idct"],
+                       f"{t['slowdown']:.4f}", f"{t['worst_file_slowdown']:.4f}", t["files_held_up"]]
+                      for k, t in config["photos"].items()]))
+        print(f"{config['model_mismatches']} files differ from the model")
+
+
 def run(args: argparse.Namespace) -> int:
     files = _inputs(args)
+    if args.kind == "idct":
+        result = bench_idct(files, [int(x) for x in args.lanes.split(",")], args.ieee_blocks)
+        _print_idct(result)
+        if args.json:
+            Path(args.json).write_text(json.dumps(result, indent=1) + "\n")
+        bad = any(c["model_mismatches"] or not c.get("ieee1180", {"passed": True})["passed"]
+                  for c in result["configs"])
+        return 1 if bad else 0
     if args.kind == "entropy":
         result = bench_entropy(files, args.ready)
         if args.per_file:

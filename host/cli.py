@@ -5,7 +5,7 @@ Commands:
 - ``dlbooster decode [--backend B] [--out DIR] [--json] [--verify] PATH...``: decode files
   or folders (walked recursively); exit 0 when every input decoded (ok or fallback),
   1 when any input errored (or, with ``--verify``, differs from Pillow), 2 on bad usage.
-- ``dlbooster bench {parse,decode,entropy} ...``: the benchmarks (:mod:`dlbooster.bench`).
+- ``dlbooster bench {parse,decode,entropy,idct} ...``: the benchmarks (:mod:`dlbooster.bench`).
 - ``dlbooster demo``: the main job on a machine with no board and no dataset.
 """
 

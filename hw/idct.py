@@ -142,7 +142,7 @@ class TransposeBuffer(wiring.Component):
         width: bits of each signed element.
         tag: layout of a per-block tag carried alongside; the tag of a block's last
             input beat comes out with every one of its output beats.
-        lanes: vectors per beat (1, 2, 4 or 8).
+        lanes: vectors per beat (1, 2 or 4).
 
     Ports:
         i: stream of ``{data: lanes x 8 x signed(width), tag}``: ``data[p]`` is column
@@ -152,8 +152,8 @@ class TransposeBuffer(wiring.Component):
     """
 
     def __init__(self, width: int = 32, tag=1, lanes: int = 1):
-        if lanes not in (1, 2, 4, 8):
-            raise ValueError(f"lanes must be 1, 2, 4 or 8, not {lanes}")
+        if lanes not in (1, 2, 4):
+            raise ValueError(f"lanes must be 1, 2 or 4, not {lanes}")
         self.width = width
         self.tag = tag
         self.lanes = lanes
@@ -269,7 +269,7 @@ class Idct(wiring.Component):
     ``dlbooster bench idct``.
 
     Args:
-        lanes: columns/rows per clock (1, 2, 4 or 8); each costs two :class:`IdctPass`.
+        lanes: columns/rows per clock (1, 2 or 4); each costs two :class:`IdctPass`.
         banks: blocks the store holds, a power of two (default 2 for ``lanes = 1``, else
             4: a full block's store handshake takes 3 clocks, longer than the 2 clocks
             that ``lanes = 4`` spends reading it).
@@ -284,8 +284,8 @@ class Idct(wiring.Component):
     """
 
     def __init__(self, lanes: int = 1, banks: int | None = None):
-        if lanes not in (1, 2, 4, 8):
-            raise ValueError(f"lanes must be 1, 2, 4 or 8, not {lanes}")
+        if lanes not in (1, 2, 4):
+            raise ValueError(f"lanes must be 1, 2 or 4, not {lanes}")
         if banks is None:
             banks = 2 if lanes == 1 else 4
         if banks < 2 or banks & (banks - 1):
