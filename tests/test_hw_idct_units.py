@@ -1,12 +1,16 @@
-"""Amaranth-simulator tests of the pipelined 1-D ISLOW pass against SPEC.md 3.1."""
+"""Amaranth-simulator tests of the IDCT parts: the pipelined 1-D ISLOW pass against
+SPEC.md 3.1, the transpose buffer, and the whole core against the model."""
 
 import random
 
+import numpy as np
+import pytest
 from amaranth.sim import Simulator
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from dlbooster.hw.idct import LATENCY, IdctPass, TransposeBuffer
+from dlbooster import model
+from dlbooster.hw.idct import LATENCY, Idct, IdctPass, TransposeBuffer, block_beats, quant_writes
 from reference_impl import _one_pass as idct_1d
 
 
@@ -95,12 +99,12 @@ def test_transpose_buffer_streams_blocks_with_gaps(blocks, seed):
             offer = bool(pending) and rng.random() < 0.8
             if offer:
                 for n, value in enumerate(pending[0]):
-                    ctx.set(dut.i.payload.data[n], value)
+                    ctx.set(dut.i.payload.data[0][n], value)
             ctx.set(dut.i.valid, offer)
             ready = rng.random() < 0.7
             ctx.set(dut.o.ready, ready)
             if ready and ctx.get(dut.o.valid):
-                got.append([ctx.get(dut.o.payload.data[n]) for n in range(8)])
+                got.append([ctx.get(dut.o.payload.data[0][n]) for n in range(8)])
             took = offer and ctx.get(dut.i.ready)
             await ctx.tick()
             if took:
@@ -125,16 +129,16 @@ def test_transpose_buffer_sustains_one_vector_per_clock():
         ctx.set(dut.o.ready, 1)
         for column in columns:
             for n, value in enumerate(column):
-                ctx.set(dut.i.payload.data[n], value)
+                ctx.set(dut.i.payload.data[0][n], value)
             ctx.set(dut.i.valid, 1)
             assert ctx.get(dut.i.ready), "input stalled while streaming"
             if ctx.get(dut.o.valid):
-                got.append([ctx.get(dut.o.payload.data[n]) for n in range(8)])
+                got.append([ctx.get(dut.o.payload.data[0][n]) for n in range(8)])
             await ctx.tick()
         ctx.set(dut.i.valid, 0)
         for _ in range(9):
             if ctx.get(dut.o.valid):
-                got.append([ctx.get(dut.o.payload.data[n]) for n in range(8)])
+                got.append([ctx.get(dut.o.payload.data[0][n]) for n in range(8)])
             await ctx.tick()
 
     sim = Simulator(dut)
@@ -142,3 +146,114 @@ def test_transpose_buffer_sustains_one_vector_per_clock():
     sim.add_testbench(bench)
     sim.run()
     assert got == [row for block in blocks for row in block]
+
+
+@settings(max_examples=6, deadline=None)
+@given(blocks=st.lists(st.lists(st.lists(int32, min_size=8, max_size=8), min_size=8, max_size=8),
+                       min_size=1, max_size=3),
+       seed=st.integers(0, 1000))
+def test_transpose_buffer_two_lanes(blocks, seed):
+    """Two columns in and two rows out per beat, with random gaps."""
+    rng = random.Random(seed)
+    dut = TransposeBuffer(width=32, lanes=2)
+    beats_in = [[[block[r][c] for r in range(8)] for c in (2 * j, 2 * j + 1)]
+                for block in blocks for j in range(4)]
+    expect = [[block[2 * i], block[2 * i + 1]] for block in blocks for i in range(4)]
+    got = []
+
+    async def bench(ctx):
+        pending = list(beats_in)
+        for _ in range(30 * len(blocks) + 30):
+            offer = bool(pending) and rng.random() < 0.8
+            if offer:
+                for p in range(2):
+                    for r in range(8):
+                        ctx.set(dut.i.payload.data[p][r], pending[0][p][r])
+            ctx.set(dut.i.valid, offer)
+            ready = rng.random() < 0.7
+            ctx.set(dut.o.ready, ready)
+            if ready and ctx.get(dut.o.valid):
+                got.append([[ctx.get(dut.o.payload.data[q][c]) for c in range(8)] for q in range(2)])
+            took = offer and ctx.get(dut.i.ready)
+            await ctx.tick()
+            if took:
+                pending.pop(0)
+            if len(got) == len(expect):
+                break
+
+    sim = Simulator(dut)
+    sim.add_clock(1e-8)
+    sim.add_testbench(bench)
+    sim.run()
+    assert got == expect
+
+
+def test_block_beats_frame_a_block_like_the_entropy_decoder():
+    block = np.zeros(64, dtype=np.int16)
+    block[[0, 1, 8, 63]] = [-5, 3, 7, 2]
+    beats = block_beats(block, comp=2, bx=4, by=1)
+    assert [(b["index"], b["value"], b["first"], b["last"], b["coef"]) for b in beats] == [
+        (0, -5, 1, 0, 1), (1, 3, 0, 0, 1), (8, 7, 0, 0, 1), (63, 2, 0, 1, 1)]
+    assert beats[-1]["count"] == 4 and {(b["comp"], b["bx"], b["by"]) for b in beats} == {(2, 4, 1)}
+    eob = block_beats(np.zeros(64, dtype=np.int16))
+    assert [(b["coef"], b["first"], b["last"], b["count"]) for b in eob] == [(1, 1, 0, 1), (0, 0, 1, 1)]
+
+
+@pytest.mark.parametrize("lanes", [1, 2, 4])
+def test_core_matches_the_model_in_the_amaranth_simulator(lanes):
+    """The whole core (store, dequantiser, both passes, range limit and range check) on
+    a few blocks with random valid/ready gaps: full-range, sparse, DC-only and zero
+    blocks, three quantisation tables."""
+    rng = np.random.default_rng(lanes)
+    blocks = rng.integers(-40, 40, (7, 64)).astype(np.int16)
+    blocks[1] = rng.integers(-32768, 32768, 64)
+    blocks[2, 5:] = 0
+    blocks[3, 1:] = 0
+    blocks[4] = 0
+    quant = [rng.integers(1, 100, 64), rng.integers(1, 32768, 64), np.ones(64, dtype=np.int64)]
+    comps = [n % 3 for n in range(len(blocks))]
+    dut = Idct(lanes)
+    per = 8 // lanes
+    got = []
+    beats = [b for n, block in enumerate(blocks) for b in block_beats(block, comps[n], n, 2 * n)]
+    gaps = random.Random(lanes)
+
+    async def bench(ctx):
+        for c, table in enumerate(quant):
+            for w in quant_writes(c, table):
+                ctx.set(dut.quant.payload, w)
+                ctx.set(dut.quant.valid, 1)
+                await ctx.tick()
+        ctx.set(dut.quant.valid, 0)
+        pending = list(beats)
+        for _ in range(2000):
+            offer = bool(pending) and gaps.random() < 0.8
+            if offer:
+                ctx.set(dut.coef.payload, pending[0])
+            ctx.set(dut.coef.valid, offer)
+            ready = gaps.random() < 0.7
+            ctx.set(dut.o.ready, ready)
+            if ready and ctx.get(dut.o.valid):
+                p = ctx.get(dut.o.payload)
+                got.append((p.comp, p.bx, p.by, p.row, p.last, p.range_fault,
+                            [p.samples[k] for k in range(8 * lanes)]))
+            took = offer and ctx.get(dut.coef.ready)
+            await ctx.tick()
+            if took:
+                pending.pop(0)
+            if len(got) == per * len(blocks):
+                break
+
+    sim = Simulator(dut)
+    sim.add_clock(1e-8)
+    sim.add_testbench(bench)
+    sim.run()
+    assert len(got) == per * len(blocks)
+    for n, block in enumerate(blocks):
+        samples, in_range = model.idct_islow(block[None], quant[comps[n]])
+        mine = got[per * n:per * (n + 1)]
+        assert [m[:5] for m in mine] == [(comps[n], n, 2 * n, lanes * i, int(i == per - 1))
+                                         for i in range(per)]
+        assert np.array_equal(np.array([m[6] for m in mine]).reshape(8, 8), samples[0])
+        assert mine[-1][5] == (not in_range[0])
+    assert any(m[5] for m in got) and not all(m[5] for m in got[per - 1::per])
