@@ -1,0 +1,87 @@
+"""YCbCr to RGB colour conversion core (SPEC.md 3.3, libjpeg-turbo ``jdcolor.c``).
+
+:class:`ColorConverter` turns ``pixels`` YCbCr samples per clock into RGB with the exact
+fixed-point arithmetic of libjpeg-turbo (SCALEBITS = 16, ONE_HALF = 32768):
+
+- R = clamp(Y + ((91881 * xr + 32768) >> 16))
+- G = clamp(Y + ((-22554 * xb + 32768 - 46802 * xr) >> 16))
+- B = clamp(Y + ((116130 * xb + 32768) >> 16))
+
+with xb = Cb - 128, xr = Cr - 128, arithmetic shifts, clamp to 0..255. Gray images need
+no mode: Cb = Cr = 128 gives R = G = B = Y, which is what ``.convert("RGB")`` does.
+"""
+
+from amaranth import Module, Mux, Signal, signed
+from amaranth.lib import data, stream, wiring
+from amaranth.lib.wiring import In, Out
+
+__all__ = ["ColorConverter", "LATENCY", "rgb_pixels", "ycbcr_pixels"]
+
+#: Pipeline stages between an accepted input beat and its output beat.
+LATENCY = 3
+
+
+def ycbcr_pixels(pixels: int) -> data.StructLayout:
+    """Input beat: ``pixels`` samples of each plane, left to right (uint8 each)."""
+    plane = data.ArrayLayout(8, pixels)
+    return data.StructLayout({"y": plane, "cb": plane, "cr": plane, "last": 1})
+
+
+def rgb_pixels(pixels: int) -> data.StructLayout:
+    """Output beat: ``pixels`` RGB pixels, left to right; ``last`` passed through."""
+    return data.StructLayout({"rgb": data.ArrayLayout(data.ArrayLayout(8, 3), pixels), "last": 1})
+
+
+class ColorConverter(wiring.Component):
+    """YCbCr to RGB, ``pixels`` per clock, bit-exact with :func:`dlbooster.model.ycbcr_to_rgb`.
+
+    Pipeline: products (registered), rounding shifts (registered), Y added and clamped
+    (registered output); :data:`LATENCY` clocks; the whole pipeline holds while the output
+    is not taken (full back-pressure, one beat per clock when it is).
+
+    Args:
+        pixels: pixels per beat (1 or more).
+
+    Ports:
+        i: stream of :func:`ycbcr_pixels` ``(pixels)``.
+        o: stream of :func:`rgb_pixels` ``(pixels)``.
+    """
+
+    def __init__(self, pixels: int = 8):
+        self.pixels = pixels
+        super().__init__({
+            "i": In(stream.Signature(ycbcr_pixels(pixels))),
+            "o": Out(stream.Signature(rgb_pixels(pixels))),
+        })
+
+    def elaborate(self, platform):
+        m = Module()
+        n = self.pixels
+        en = Signal()
+        valid = [Signal(name=f"valid{k}") for k in range(LATENCY)]
+        last = [Signal(name=f"last{k}") for k in range(LATENCY)]
+        m.d.comb += [en.eq(~valid[-1] | self.o.ready), self.i.ready.eq(en),
+                     self.o.valid.eq(valid[-1]), self.o.payload.last.eq(last[-1])]
+        with m.If(en):
+            m.d.sync += [valid[0].eq(self.i.valid), last[0].eq(self.i.payload.last)]
+            m.d.sync += [valid[k].eq(valid[k - 1]) for k in range(1, LATENCY)]
+            m.d.sync += [last[k].eq(last[k - 1]) for k in range(1, LATENCY)]
+        for p in range(n):
+            y, cb, cr = self.i.payload.y[p], self.i.payload.cb[p], self.i.payload.cr[p]
+            xb = Signal(signed(9), name=f"xb{p}")
+            xr = Signal(signed(9), name=f"xr{p}")
+            m.d.comb += [xb.eq(cb - 128), xr.eq(cr - 128)]
+            # Stage 1: the four products (|product| < 2**24), Y kept alongside.
+            y1 = Signal(8, name=f"y1_{p}")
+            r1, g1, b1 = (Signal(signed(26), name=f"{c}1_{p}") for c in "rgb")
+            # Stage 2: rounding shifts to the signed offsets added to Y.
+            y2 = Signal(8, name=f"y2_{p}")
+            r2, g2, b2 = (Signal(signed(10), name=f"{c}2_{p}") for c in "rgb")
+            with m.If(en):
+                m.d.sync += [y1.eq(y), r1.eq(91881 * xr + 32768), b1.eq(116130 * xb + 32768),
+                             g1.eq(-22554 * xb + 32768 - 46802 * xr),
+                             y2.eq(y1), r2.eq(r1 >> 16), g2.eq(g1 >> 16), b2.eq(b1 >> 16)]
+                for c, offset in enumerate((r2, g2, b2)):
+                    s = y2 + offset
+                    m.d.sync += self.o.payload.rgb[p][c].eq(Mux(s < 0, 0, Mux(s > 255, 255, s)))
+        return m
