@@ -8,7 +8,7 @@ hardware profile (SPEC.md section 2), sets the :data:`ScanConfig` and pulses ``s
 then forwards the rest of the file to the entropy decoder at the input's rate.
 
 Anything the lane cannot decode stops the parser with a :class:`HeaderStatus` code and
-drains the input up to its ``last`` beat, within one clock per input byte. The
+drains the input up to its ``last`` beat, one beat per clock. The
 colour-space rule is libjpeg-turbo's (``jdapimin.c``): JFIF implies YCbCr; else an Adobe
 APP14 transform 0 means RGB; else component ids 82, 71, 66 mean RGB; else YCbCr. The
 runtime's pre-screen (:func:`dlbooster.jpeg.classify`) still decides Pillow's header
@@ -112,6 +112,7 @@ class HeaderParser(wiring.Component):
         refill = ~held_valid | (pos >= held.n) | ((pos + 1 >= held.n) & take)
         forwarding = Signal()        # in FORWARD
         passing = Signal()           # FORWARD, input beats go straight to ``entropy``
+        draining = Signal()          # DRAIN, input beats are dropped
 
         # Quantisation tables, natural order: address (Tq, index).
         m.submodules.qmem = qmem = Memory(shape=16, depth=256, init=[])
@@ -539,11 +540,18 @@ class HeaderParser(wiring.Component):
                         m.d.sync += held_valid.eq(0)
                         m.next = "IDLE"
             with m.State("DRAIN"):
-                m.d.comb += take.eq(byte_valid)
-                with m.If(at_end | (held_valid & held.last & byte_valid & (pos + 1 >= held.n))):
+                # Drop the held beat, then one input beat per clock up to the file's last.
+                m.d.comb += self.busy.eq(1)
+                with m.If(held_valid & held.last):
                     m.d.comb += self.done.eq(1)
                     m.d.sync += held_valid.eq(0)
                     m.next = "IDLE"
+                with m.Else():
+                    m.d.comb += draining.eq(1)
+                    m.d.sync += held_valid.eq(0)
+                    with m.If(self.input.valid & self.input.payload.last):
+                        m.d.comb += self.done.eq(1)
+                        m.next = "IDLE"
             with m.State("IDLE"):
                 m.d.sync += [status.eq(HeaderStatus.OK), pos.eq(0), have_frame.eq(0), jfif.eq(0),
                              adobe.eq(0), q_defined.eq(0),
@@ -575,7 +583,7 @@ class HeaderParser(wiring.Component):
         # The byte source takes the next beat when its bytes are used up, except after the
         # file's last beat (the next file waits for IDLE) and while FORWARD passes beats on.
         m.d.comb += self.input.ready.eq(Mux(passing, self.entropy.ready,
-                                            refill & ~(held_valid & held.last) & ~forwarding))
-        with m.If(self.input.valid & self.input.ready & ~passing):
+                                            draining | (refill & ~(held_valid & held.last) & ~forwarding)))
+        with m.If(self.input.valid & self.input.ready & ~passing & ~draining):
             m.d.sync += [held.eq(self.input.payload), held_valid.eq(1), pos.eq(0)]
         return m
