@@ -24,11 +24,12 @@ __all__ = ["PlaneBuffer", "PlaneConfig"]
 
 #: Geometry of one component's plane for one image, held from ``start`` to the end.
 #: ``blocks_wide``: blocks per row of the MCU-padded block grid; ``bands``: iMCU rows;
-#: ``rows``/``cols``: the real plane size (ceil(H * v / vmax), ceil(W * h / hmax));
+#: ``rows``/``cols``: the real plane size (ceil(H * v / vmax), ceil(W * h / hmax)); ``tall``:
+#: bands of two block rows (the component's v = 2) instead of one;
 #: ``v_ctx``: read every row twice with its neighbours; ``h2``, ``v2``, ``narrow``: the
 #: upsampling mode passed on in every output beat (see :func:`dlbooster.hw.upsample.row_in`).
 PlaneConfig = data.StructLayout({
-    "blocks_wide": 16, "bands": 16, "rows": 16, "cols": 16,
+    "blocks_wide": 16, "bands": 16, "rows": 16, "cols": 16, "tall": 1,
     "v_ctx": 1, "h2": 1, "v2": 1, "narrow": 1,
 })
 
@@ -38,12 +39,12 @@ class PlaneBuffer(wiring.Component):
 
     Args:
         max_blocks: widest block row held (blocks), i.e. ceil(max_width * h / hmax / 8).
-        band_blocks: block rows per band (the component's vertical sampling factor in an
-            interleaved scan, 1 or 2).
+        band_blocks: most block rows per band (2 for a luma plane, whose v may be 2;
+            1 for chroma); ``config.tall`` selects 2 per image.
         lanes: rows per input beat (the IDCT's ``lanes``).
         bands: iMCU rows held (3 allows vertical context while the next band fills).
 
-    Memory: ``bands * 8 * band_blocks * max_blocks`` words of 8 samples.
+    Memory: ``bands * 8 * band_blocks * max_blocks`` words of 8 samples (64 bits).
 
     Ports:
         config: :data:`PlaneConfig`; start: pulse before the image's first block.
@@ -71,8 +72,8 @@ class PlaneBuffer(wiring.Component):
     def elaborate(self, platform):
         m = Module()
         lanes, nbands, wide = self.lanes, self.bands, self.max_blocks
-        band_rows = 8 * self.band_blocks
-        ring_rows = nbands * band_rows
+        stride = 8 * self.band_blocks          # ring rows per slot
+        ring_rows = nbands * stride
         depth = ring_rows // lanes * wide
         cfg = self.config
 
@@ -91,20 +92,21 @@ class PlaneBuffer(wiring.Component):
         band_slot = Signal(range(nbands))         # slot of the band being written
         write_band = Signal(16)                   # band index being written
 
+        tall = cfg.tall if self.band_blocks > 1 else 0
+        band_rows = Mux(tall, 16, 8)
+
         # Write side: the ring row of each of the beat's rows.
         beat = self.i.payload
-        in_band = beat.by % self.band_blocks if self.band_blocks > 1 else 0
-        base_row = in_band * 8 + beat.row
+        base_row = Mux(tall, beat.by[0], 0) * 8 + beat.row
         slot_free = ~full[band_slot] & ~held[band_slot]
         m.d.comb += self.i.ready.eq(slot_free & (write_band < cfg.bands))
         fire = self.i.valid & self.i.ready
         for q in range(lanes):
-            ring_row = band_slot * band_rows + base_row + q
+            ring_row = band_slot * stride + base_row + q
             m.d.comb += [wports[q].en.eq(fire),
                          wports[q].addr.eq((ring_row // lanes) * wide + beat.bx),
                          wports[q].data.eq(beat.samples.as_value()[64 * q:64 * (q + 1)])]
-        band_end = (beat.last & (beat.bx == cfg.blocks_wide - 1)
-                    & ((beat.by % self.band_blocks == self.band_blocks - 1) if self.band_blocks > 1 else 1))
+        band_end = beat.last & (beat.bx == cfg.blocks_wide - 1) & (~tall | beat.by[0])
         with m.If(fire & band_end):
             m.d.sync += [full[band_slot].eq(1), write_band.eq(write_band + 1),
                          band_slot.eq(Mux(band_slot == nbands - 1, 0, band_slot + 1))]
@@ -117,7 +119,10 @@ class PlaneBuffer(wiring.Component):
         read_slot = Signal(range(nbands))
         words = (cfg.cols + 7) >> 3
         last_word = word == words - 1
-        band_of_r_last = r - read_band * band_rows == band_rows - 1
+        def row_in_band(row):
+            return Mux(tall, row[0:4], row[0:3])
+
+        band_of_r_last = row_in_band(r) == band_rows - 1
         rows_done = Signal()
         m.d.comb += self.done.eq(rows_done)
         nbr = Signal(16)
@@ -130,9 +135,8 @@ class PlaneBuffer(wiring.Component):
 
         def ring_row(row):
             band = Signal(16)
-            m.d.comb += band.eq(row // band_rows)
-            slot = band % nbands
-            return slot * band_rows + row % band_rows
+            m.d.comb += band.eq(Mux(tall, row >> 4, row >> 3))
+            return (band % nbands) * stride + row_in_band(row)
 
         p_ring, q_ring = ring_row(r), ring_row(nbr)
         next_ready = (read_band + 1 >= cfg.bands) | full[Mux(read_slot == nbands - 1, 0, read_slot + 1)]
@@ -171,7 +175,7 @@ class PlaneBuffer(wiring.Component):
                 with m.Else():
                     m.d.sync += [odd.eq(0), r.eq(r + 1)]
                     # The band above is no longer needed once row 0 of this band is done.
-                    with m.If(r == read_band * band_rows):
+                    with m.If(row_in_band(r) == 0):
                         prev = Mux(read_slot == 0, nbands - 1, read_slot - 1)
                         m.d.sync += held[prev].eq(0)
                     with m.If(r + 1 >= cfg.rows):

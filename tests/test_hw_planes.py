@@ -22,7 +22,7 @@ def _expected(plane, rows, cols, v_ctx):
 def _run(plane, band_blocks, h_blocks, lanes, rows, cols, v_ctx, seed=1, gaps=True, images=1,
          ready_percent=70, valid_percent=80):
     bh, bw = plane.shape[0] // 8, plane.shape[1] // 8
-    dut = PlaneBuffer(max_blocks=bw + 3, band_blocks=band_blocks, lanes=lanes)
+    dut = PlaneBuffer(max_blocks=bw + 3, band_blocks=2, lanes=lanes)
     beats = []
     for my in range(bh // band_blocks):
         for mx in range(bw // h_blocks):
@@ -38,7 +38,8 @@ def _run(plane, band_blocks, h_blocks, lanes, rows, cols, v_ctx, seed=1, gaps=Tr
 
     async def bench(ctx):
         ctx.set(dut.config, {"blocks_wide": bw, "bands": bh // band_blocks, "rows": rows, "cols": cols,
-                             "v_ctx": v_ctx, "h2": 1, "v2": v_ctx, "narrow": 0})
+                             "tall": band_blocks == 2, "v_ctx": v_ctx, "h2": 1, "v2": v_ctx,
+                             "narrow": 0})
         for _ in range(images):
             ctx.set(dut.start, 1)
             await ctx.tick()
