@@ -11,7 +11,7 @@ with xb = Cb - 128, xr = Cr - 128, arithmetic shifts, clamp to 0..255. Gray imag
 no mode: Cb = Cr = 128 gives R = G = B = Y, which is what ``.convert("RGB")`` does.
 """
 
-from amaranth import Module, Mux, Signal, signed
+from amaranth import Cat, Module, Mux, Signal, signed
 from amaranth.lib import data, stream, wiring
 from amaranth.lib.wiring import In, Out
 
@@ -22,14 +22,18 @@ LATENCY = 3
 
 
 def ycbcr_pixels(pixels: int) -> data.StructLayout:
-    """Input beat: ``pixels`` samples of each plane, left to right (uint8 each)."""
+    """Input beat: ``pixels`` samples of each plane, left to right (uint8 each); ``n``
+    (valid pixels), ``row_end`` and ``last`` are passed through untouched."""
     plane = data.ArrayLayout(8, pixels)
-    return data.StructLayout({"y": plane, "cb": plane, "cr": plane, "last": 1})
+    return data.StructLayout({"y": plane, "cb": plane, "cr": plane, "n": range(pixels + 1),
+                              "row_end": 1, "last": 1})
 
 
 def rgb_pixels(pixels: int) -> data.StructLayout:
-    """Output beat: ``pixels`` RGB pixels, left to right; ``last`` passed through."""
-    return data.StructLayout({"rgb": data.ArrayLayout(data.ArrayLayout(8, 3), pixels), "last": 1})
+    """Output beat: ``pixels`` RGB pixels, left to right; ``n``, ``row_end`` and ``last``
+    of the input beat."""
+    return data.StructLayout({"rgb": data.ArrayLayout(data.ArrayLayout(8, 3), pixels),
+                              "n": range(pixels + 1), "row_end": 1, "last": 1})
 
 
 class ColorConverter(wiring.Component):
@@ -58,14 +62,16 @@ class ColorConverter(wiring.Component):
         m = Module()
         n = self.pixels
         en = Signal()
+        side = Cat(self.i.payload.n, self.i.payload.row_end, self.i.payload.last)
         valid = [Signal(name=f"valid{k}") for k in range(LATENCY)]
-        last = [Signal(name=f"last{k}") for k in range(LATENCY)]
+        sides = [Signal(len(side), name=f"side{k}") for k in range(LATENCY)]
         m.d.comb += [en.eq(~valid[-1] | self.o.ready), self.i.ready.eq(en),
-                     self.o.valid.eq(valid[-1]), self.o.payload.last.eq(last[-1])]
+                     self.o.valid.eq(valid[-1]),
+                     Cat(self.o.payload.n, self.o.payload.row_end, self.o.payload.last).eq(sides[-1])]
         with m.If(en):
-            m.d.sync += [valid[0].eq(self.i.valid), last[0].eq(self.i.payload.last)]
+            m.d.sync += [valid[0].eq(self.i.valid), sides[0].eq(side)]
             m.d.sync += [valid[k].eq(valid[k - 1]) for k in range(1, LATENCY)]
-            m.d.sync += [last[k].eq(last[k - 1]) for k in range(1, LATENCY)]
+            m.d.sync += [sides[k].eq(sides[k - 1]) for k in range(1, LATENCY)]
         for p in range(n):
             y, cb, cr = self.i.payload.y[p], self.i.payload.cb[p], self.i.payload.cr[p]
             xb = Signal(signed(9), name=f"xb{p}")

@@ -12,7 +12,7 @@ refilled only after the band below it no longer needs its last row. Rows and col
 are cropped to the component's real size, so the upsampler's edge rules apply there.
 """
 
-from amaranth import Array, Cat, Module, Mux, Signal
+from amaranth import Array, Cat, Const, Module, Mux, Signal
 from amaranth.lib import data, stream, wiring
 from amaranth.lib.memory import Memory
 from amaranth.lib.wiring import In, Out
@@ -92,7 +92,7 @@ class PlaneBuffer(wiring.Component):
         band_slot = Signal(range(nbands))         # slot of the band being written
         write_band = Signal(16)                   # band index being written
 
-        tall = cfg.tall if self.band_blocks > 1 else 0
+        tall = cfg.tall if self.band_blocks > 1 else Const(0, 1)
         band_rows = Mux(tall, 16, 8)
 
         # Write side: the ring row of each of the beat's rows.

@@ -1,0 +1,179 @@
+"""One decoder lane: JPEG bytes in, RGB pixels out in raster order.
+
+:class:`Lane` chains the cores: :class:`~dlbooster.hw.headers.HeaderParser` ->
+:class:`~dlbooster.hw.entropy.EntropyDecoder` -> :class:`~dlbooster.hw.idct.Idct` ->
+a :class:`~dlbooster.hw.planes.PlaneBuffer` per component -> a
+:class:`~dlbooster.hw.upsample.RowUpsampler` per chroma component (its 16-sample rows
+split into 8-sample pieces, cropped to the image) -> :class:`~dlbooster.hw.color.ColorConverter`.
+Gray images skip the chroma path (Cb = Cr = 128 gives R = G = B = Y).
+
+A header the lane cannot decode ends the image with the parser's
+:class:`~dlbooster.hw.headers.HeaderStatus`; an entropy-decoder fault ends it with
+``0x20 | Status`` and resets the pixel path; an IDCT range fault (see
+:func:`dlbooster.hw.idct.block_rows`) is reported as ``0x30`` when the image ends. In
+each case the input is drained and the next image starts cleanly; the host decodes
+such images on the CPU.
+"""
+
+from amaranth import Module, Mux, Signal
+from amaranth.hdl import ResetInserter
+from amaranth.lib import data, stream, wiring
+from amaranth.lib.wiring import In, Out
+
+from .color import ColorConverter, rgb_pixels
+from .entropy import EntropyDecoder, InputBeat
+from .headers import FrameInfo, HeaderParser
+from .idct import Idct
+from .planes import PlaneBuffer
+from .upsample import RowUpsampler
+
+__all__ = ["Lane", "STATUS_ENTROPY", "STATUS_IDCT_RANGE"]
+
+#: Status of an image whose entropy-coded data was faulty: ``STATUS_ENTROPY | Status``.
+STATUS_ENTROPY = 0x20
+#: Status of an image with a block outside the exact IDCT range (``range_fault``).
+STATUS_IDCT_RANGE = 0x30
+
+
+class Lane(wiring.Component):
+    """A whole decoder lane (see the module docstring).
+
+    Args:
+        max_width: widest image, in pixels (line-buffer size).
+        lanes: the IDCT's rows per clock (4 keeps pace with the entropy decoder).
+
+    Ports:
+        input: :data:`InputBeat` stream of one file after another, ``last`` on each
+            file's final beat.
+        o: :func:`dlbooster.hw.color.rgb_pixels` ``(8)`` stream: 8 pixels per beat
+            (``n`` valid), ``row_end`` on a row's last beat, ``last`` on the image's.
+        info: :data:`FrameInfo` of the current image (valid from the first pixel).
+        status: 0, or why the image ended early (valid with ``done``).
+        done: pulses once per image, after its last pixel or when it was abandoned.
+    """
+
+    def __init__(self, max_width: int = 8192, lanes: int = 4):
+        self.max_width = max_width
+        self.lanes = lanes
+        super().__init__({
+            "input": In(stream.Signature(InputBeat)),
+            "o": Out(stream.Signature(rgb_pixels(8))),
+            "info": Out(FrameInfo),
+            "status": Out(8),
+            "done": Out(1),
+        })
+
+    def elaborate(self, platform):
+        m = Module()
+        abort = Signal()   # resets the pixel path after an entropy fault
+        max_blocks = -(-self.max_width // 8)
+        m.submodules.headers = hp = HeaderParser(self.max_width)
+        m.submodules.entropy = ent = EntropyDecoder()
+        m.submodules.idct = idct = ResetInserter(abort)(Idct(self.lanes))
+        planes = [ResetInserter(abort)(PlaneBuffer(max_blocks, band_blocks=2 if c == 0 else 1,
+                                                   lanes=self.lanes)) for c in range(3)]
+        ups = [ResetInserter(abort)(RowUpsampler(8)) for _ in range(2)]
+        m.submodules.color = color = ResetInserter(abort)(ColorConverter(8))
+        for c, p in enumerate(planes):
+            m.submodules[f"plane{c}"] = p
+        for c, u in enumerate(ups):
+            m.submodules[f"up{c + 1}"] = u
+
+        wiring.connect(m, wiring.flipped(self.input), hp.input)
+        wiring.connect(m, hp.tables, ent.tables)
+        wiring.connect(m, hp.quant, idct.quant)
+        wiring.connect(m, hp.entropy, ent.input)
+        wiring.connect(m, ent.coef, idct.coef)
+        m.d.comb += [ent.scan.eq(hp.scan), ent.start.eq(hp.start), self.info.eq(hp.info)]
+
+        # Plane geometry (T.81 A.1.1): luma is the image, chroma ceil(W / h0) x ceil(H / v0).
+        info, scan = hp.info, hp.scan
+        three = info.ncomp == 3
+        h2 = three & (scan.comp[0].h == 2)
+        v2 = three & (scan.comp[0].v == 2)
+        luma_blocks = Mux(three, scan.mcux * scan.comp[0].h, scan.mcux)
+        chroma_cols = Mux(h2, (info.width + 1) >> 1, info.width)
+        chroma_rows = Mux(v2, (info.height + 1) >> 1, info.height)
+        narrow = h2 & (chroma_cols <= 2)
+        m.d.comb += [planes[0].config.blocks_wide.eq(luma_blocks),
+                     planes[0].config.bands.eq(scan.mcuy), planes[0].config.rows.eq(info.height),
+                     planes[0].config.cols.eq(info.width), planes[0].config.tall.eq(v2)]
+        for c in (1, 2):
+            cfg = planes[c].config
+            m.d.comb += [cfg.blocks_wide.eq(scan.mcux), cfg.bands.eq(scan.mcuy),
+                         cfg.rows.eq(chroma_rows), cfg.cols.eq(chroma_cols), cfg.tall.eq(0),
+                         cfg.v_ctx.eq(v2), cfg.h2.eq(h2), cfg.v2.eq(v2), cfg.narrow.eq(narrow)]
+        for p in planes:
+            m.d.comb += p.start.eq(hp.start)
+
+        # IDCT rows to the component's plane.
+        comp = idct.o.payload.comp
+        m.d.comb += idct.o.ready.eq(Mux(comp == 0, planes[0].i.ready,
+                                        Mux(comp == 1, planes[1].i.ready, planes[2].i.ready)))
+        for c, p in enumerate(planes):
+            m.d.comb += [p.i.payload.eq(idct.o.payload), p.i.valid.eq(idct.o.valid & (comp == c))]
+        range_fault = Signal()
+        with m.If(idct.o.valid & idct.o.ready & idct.o.payload.range_fault):
+            m.d.sync += range_fault.eq(1)
+
+        # Chroma: upsample, then 8-sample pieces aligned with luma's, rows beyond H dropped.
+        pieces = []
+        for c in (1, 2):
+            up = ups[c - 1]
+            wiring.connect(m, planes[c].o, up.i)
+            half = Signal(name=f"half{c}")          # second 8 samples of a 16-sample beat
+            row = Signal(16, name=f"crow{c}")        # upsampled row number
+            col = Signal(16, name=f"ccol{c}")        # first sample of the piece
+            o = up.o.payload
+            wide = o.n > 8
+            n_here = Mux(half, o.n - 8, Mux(wide, 8, o.n))
+            left = info.width - col
+            piece = Signal(data.StructLayout({"valid": 1, "s": data.ArrayLayout(8, 8), "drop": 1}),
+                           name=f"piece{c}")
+            take = Signal(name=f"take{c}")
+            m.d.comb += [piece.valid.eq(up.o.valid), piece.drop.eq((row >= info.height) | (left <= 0))]
+            for k in range(8):
+                m.d.comb += piece.s[k].eq(Mux(half, o.samples[8 + k], o.samples[k]))
+            done_beat = half | ~wide
+            m.d.comb += up.o.ready.eq(take & done_beat)
+            with m.If(take):
+                m.d.sync += [half.eq(~done_beat), col.eq(col + n_here)]
+                with m.If(done_beat & o.last):
+                    m.d.sync += [row.eq(row + 1), col.eq(0)]
+            with m.If(hp.start):
+                m.d.sync += [half.eq(0), row.eq(0), col.eq(0)]
+            pieces.append((piece, take))
+
+        # Join luma with the chroma pieces (dropped pieces are skipped first).
+        y = planes[0].o
+        cin = color.i.payload
+        chroma_ready = Signal()
+        m.d.comb += chroma_ready.eq(~three | (pieces[0][0].valid & ~pieces[0][0].drop
+                                              & pieces[1][0].valid & ~pieces[1][0].drop))
+        for piece, take in pieces:
+            m.d.comb += take.eq(three & piece.valid & (piece.drop | (chroma_ready & y.valid & color.i.ready)))
+        pixels_left = Signal(32)
+        m.d.comb += [color.i.valid.eq(y.valid & chroma_ready), y.ready.eq(color.i.ready & chroma_ready)]
+        for k in range(8):
+            m.d.comb += [cin.y[k].eq(y.payload.p[k]),
+                         cin.cb[k].eq(Mux(three, pieces[0][0].s[k], 128)),
+                         cin.cr[k].eq(Mux(three, pieces[1][0].s[k], 128))]
+        m.d.comb += [cin.n.eq(y.payload.n), cin.row_end.eq(y.payload.last),
+                     cin.last.eq(pixels_left == y.payload.n)]
+        with m.If(hp.start):
+            m.d.sync += pixels_left.eq(info.width * info.height)
+        with m.Elif(y.valid & y.ready):
+            m.d.sync += pixels_left.eq(pixels_left - y.payload.n)
+        wiring.connect(m, color.o, wiring.flipped(self.o))
+
+        # Image end: the last pixel taken, a header stop, or an entropy fault.
+        m.d.comb += abort.eq(ent.done & (ent.status != 0))
+        with m.If(hp.done & (hp.status != 0)):
+            m.d.comb += [self.done.eq(1), self.status.eq(hp.status)]
+        with m.Elif(abort):
+            m.d.comb += [self.done.eq(1), self.status.eq(STATUS_ENTROPY | ent.status)]
+        with m.Elif(self.o.valid & self.o.ready & self.o.payload.last):
+            m.d.comb += [self.done.eq(1), self.status.eq(Mux(range_fault, STATUS_IDCT_RANGE, 0))]
+        with m.If(hp.start):
+            m.d.sync += range_fault.eq(0)
+        return m
