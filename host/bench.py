@@ -16,6 +16,9 @@ Inputs default to the ImageNet sample photos of the shared corpus
   (dense and DC-only blocks), and, on photos, the entropy decoder feeding the IDCT
   against the entropy decoder alone (does the IDCT ever hold it up?), every block's
   samples checked against the reference model.
+- ``bench lane``: the whole decoder lane (header parser to RGB) in cycle-accurate
+  simulation (Verilator): clocks per output pixel per file and by subsampling, every
+  image checked byte for byte against Pillow.
 """
 
 from __future__ import annotations
@@ -37,7 +40,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     for kind, text in (("parse", "header parse + classify, microseconds per file"),
                        ("decode", "Pillow vs cpu backend vs reference model, images/s"),
                        ("entropy", "entropy decoder core in Verilator: symbols per clock"),
-                       ("idct", "IDCT core in Verilator: IEEE 1180, clocks/block, stalls it causes")):
+                       ("idct", "IDCT core in Verilator: IEEE 1180, clocks/block, stalls it causes"),
+                       ("lane", "whole decoder lane in Verilator: clocks per pixel, RGB vs Pillow")):
         p = kinds.add_parser(kind, help=text, description=text)
         p.add_argument("paths", nargs="*", metavar="PATH",
                        help="files or folders (default: the corpus ImageNet sample photos)")
@@ -50,6 +54,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                            help="comma-separated IDCT lane counts (rows per clock) to measure")
             p.add_argument("--ieee-blocks", type=int, default=10000,
                            help="blocks per IEEE 1180 run (0 skips the test)")
+        elif kind == "lane":
+            p.add_argument("--per-file", action="store_true", help="print a row per file")
+            p.add_argument("--max-width", type=int, default=8192, help="the lane's line-buffer width")
         elif kind == "entropy":
             p.add_argument("--per-file", action="store_true", help="print a row per file")
             p.add_argument("--ready", type=int, default=100,
@@ -295,6 +302,48 @@ def bench_idct(files: list[tuple[str, bytes]], lanes_list: list[int], ieee_block
             **_machine()}
 
 
+def bench_lane(files: list[tuple[str, bytes]], max_width: int) -> dict:
+    import numpy as np
+
+    from . import jpeg
+    from .backends import decode_pillow
+    from .sim.harness import LaneHarness
+
+    rows = []
+    t0 = time.perf_counter()
+    with LaneHarness(max_width) as lane:
+        for path, data in files:
+            info = jpeg.parse(data)
+            if not data or jpeg.classify(info, max_width=max_width) is not None:
+                continue
+            result = lane.decode(data)
+            try:
+                ref = decode_pillow(data)
+            except Exception:   # noqa: BLE001 - Pillow refusing is a mismatch if the lane decoded
+                ref = None
+            same = result.status == 0 and ref is not None and np.array_equal(result.rgb, ref)
+            pixels = result.width * result.height
+            rows.append({"path": path, "subsampling": info.subsampling, "status": result.status,
+                         "pixels": pixels, "cycles": result.cycles,
+                         "clocks_per_pixel": result.cycles / max(pixels, 1), "equals_pillow": bool(same)})
+    wall = time.perf_counter() - t0
+    groups = {}
+    for r in rows:
+        if r["status"] == 0:
+            groups.setdefault(r["subsampling"], []).append(r)
+    groups["all"] = [r for r in rows if r["status"] == 0]
+    totals = {k: {"files": len(v), "pixels": sum(r["pixels"] for r in v),
+                  "cycles": sum(r["cycles"] for r in v),
+                  "clocks_per_pixel": sum(r["cycles"] for r in v) / max(sum(r["pixels"] for r in v), 1),
+                  "mean_file_clocks_per_pixel": statistics.fmean(r["clocks_per_pixel"] for r in v) if v else 0.0}
+              for k, v in sorted(groups.items())}
+    return {"benchmark": "decoder lane, Verilator", "max_width": max_width, "files": len(rows),
+            "stopped": sum(r["status"] != 0 for r in rows),
+            "differ_from_pillow": sum(r["status"] == 0 and not r["equals_pillow"] for r in rows),
+            "simulated_clocks_per_s": sum(r["cycles"] for r in rows) / max(wall, 1e-9),
+            "totals": totals, "per_file": rows, **_machine()}
+
+
 def _print_idct(result: dict) -> None:
     for config in result["configs"]:
         lanes = config["lanes"]
@@ -322,6 +371,21 @@ def _print_idct(result: dict) -> None:
 
 def run(args: argparse.Namespace) -> int:
     files = _inputs(args)
+    if args.kind == "lane":
+        result = bench_lane(files, args.max_width)
+        if args.per_file:
+            print(_table(["file", "status", "pixels", "clocks", "clocks/pixel", "= Pillow"],
+                         [[Path(r["path"]).name, r["status"], r["pixels"], r["cycles"],
+                           f"{r['clocks_per_pixel']:.3f}", r["equals_pillow"]] for r in result["per_file"]]))
+        print(_table(["subsampling", "files", "pixels", "clocks", "clocks/pixel", "mean of files"],
+                     [[k, t["files"], t["pixels"], t["cycles"], f"{t['clocks_per_pixel']:.3f}",
+                       f"{t['mean_file_clocks_per_pixel']:.3f}"] for k, t in result["totals"].items()]))
+        print(f"{result['files']} files, {result['stopped']} stopped by the lane, "
+              f"{result['differ_from_pillow']} differ from Pillow; "
+              f"{result['simulated_clocks_per_s'] / 1e6:.2f} M simulated clocks/s")
+        if args.json:
+            Path(args.json).write_text(json.dumps(result, indent=1) + "\n")
+        return 1 if result["differ_from_pillow"] else 0
     if args.kind == "idct":
         result = bench_idct(files, [int(x) for x in args.lanes.split(",")], args.ieee_blocks)
         _print_idct(result)

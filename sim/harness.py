@@ -21,11 +21,12 @@ from .flow import _locked, cache_root, export_verilog, toolchain_env
 
 __all__ = ["EntropyHarness", "HarnessResult", "IdctHarness", "IdctResult", "blocks_from_beats",
            "build_chain_harness", "build_entropy_harness", "build_idct_harness", "pack",
-           "ChainHarness", "ChainResult"]
+           "ChainHarness", "ChainResult", "LaneHarness", "LaneResult", "build_lane_harness"]
 
 _CPP = Path(__file__).parent / "cpp" / "entropy_main.cpp"
 _CPP_IDCT = Path(__file__).parent / "cpp" / "idct_main.cpp"
 _CPP_CHAIN = Path(__file__).parent / "cpp" / "chain_main.cpp"
+_CPP_LANE = Path(__file__).parent / "cpp" / "lane_main.cpp"
 TIMEOUT = 0xFFFFFFFF
 
 
@@ -75,6 +76,13 @@ def build_chain_harness(fifo_depth: int = 0, lanes: int = 1) -> Path:
 
     return _build_harness(EntropyIdctChain(fifo_depth, lanes), "chain", _CPP_CHAIN, "chain",
                           f"-DLANES={lanes}")
+
+
+def build_lane_harness(max_width: int = 8192, lanes: int = 4) -> Path:
+    """Build (or reuse) the Verilator harness of :class:`dlbooster.hw.lane.Lane`."""
+    from dlbooster.hw.lane import Lane
+
+    return _build_harness(Lane(max_width, lanes), "lane", _CPP_LANE, "lane")
 
 
 @dataclass
@@ -407,3 +415,65 @@ class ChainHarness(_Process):
         status, symbols, done_cycles, cycles = struct.unpack("<IIQQ", self._read(24))
         samples, tags, _ = _read_rows(self, self.lanes, n_blocks if status == 0 else None)
         return ChainResult(status, symbols, done_cycles, cycles, samples, tags)
+
+
+@dataclass
+class LaneResult:
+    """One file through the lane: ``status`` (0, a stop code, or :data:`TIMEOUT`),
+    ``cycles`` (first input beat to ``done``), ``width``/``height`` (FrameInfo), and
+    ``rgb`` uint8 (H, W, 3) when the status is 0 (else the pixels that came out, (N, 3))."""
+
+    status: int
+    cycles: int
+    width: int
+    height: int
+    rgb: np.ndarray
+
+
+class LaneHarness(_Process):
+    """A running Verilator harness of the whole decoder lane (``sim/cpp/lane_main.cpp``)."""
+
+    def __init__(self, max_width: int = 8192, lanes: int = 4):
+        super().__init__(build_lane_harness(max_width, lanes), "lane harness")
+
+    def close(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.stdin.write(struct.pack("<I", 0xFFFFFFFF))
+            self.proc.stdin.close()
+            self.proc.wait()
+        self.proc.stdout.close()
+
+    def decode(self, data: bytes, *, ready_percent: int = 100) -> LaneResult:
+        """Decode one file (offered 4 bytes per clock).
+
+        Raises:
+            RuntimeError: the harness failed, or the pixel beats were not framed as rows.
+        """
+        from dlbooster.hw.color import rgb_pixels
+        from dlbooster.hw.headers import FrameInfo
+
+        if not data:
+            raise ValueError("a lane takes no empty file")
+        self.proc.stdin.write(struct.pack("<I", len(data)) + data + struct.pack("<I", ready_percent))
+        self.proc.stdin.flush()
+        status, cycles, info_bits = struct.unpack("<IQQ", self._read(20))
+        n, words = struct.unpack("<II", self._read(8))
+        raw = np.frombuffer(self._read(4 * words * n), dtype="<u4").reshape(n, words)
+        if words % 2:
+            raw = np.concatenate([raw, np.zeros((n, 1), dtype="<u4")], axis=1)
+        beats = raw.astype(np.uint64)
+        beats = beats[:, 0::2] | (beats[:, 1::2] << np.uint64(32))
+        layout = rgb_pixels(8)
+        count = _field(beats, layout["n"].offset, layout["n"].width).astype(np.int64)
+        off = layout["rgb"].offset
+        px = np.stack([np.stack([_field(beats, off + 24 * k + 8 * c, 8) for c in range(3)], axis=1)
+                       for k in range(8)], axis=1).astype(np.uint8)
+        keep = np.arange(8)[None, :] < count[:, None]
+        pixels = px[keep]
+        width = int((info_bits >> FrameInfo["width"].offset) & 0xFFFF)
+        height = int((info_bits >> FrameInfo["height"].offset) & 0xFFFF)
+        if status == 0:
+            if len(pixels) != width * height:
+                raise RuntimeError(f"{len(pixels)} pixels for a {width}x{height} image")
+            pixels = pixels.reshape(height, width, 3)
+        return LaneResult(status, cycles, width, height, pixels)
