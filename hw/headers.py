@@ -467,15 +467,14 @@ class HeaderParser(wiring.Component):
                                & (comp_h[2] == 1) & (comp_v[2] == 1))
                 unique = ((comp_id[0] != comp_id[1]) & (comp_id[0] != comp_id[2])
                           & (comp_id[1] != comp_id[2])) | ~three
-                used = range(3)
                 missing = Cat(*(((c < nf) & ~(q_defined.bit_select(comp_tq[c], 1)
                                               & h_defined.bit_select(Cat(comp_td[c], Const(0, 1)), 1)
                                               & h_defined.bit_select(Cat(comp_ta[c], Const(1, 1)), 1)))
-                                for c in used)).any()
+                                for c in range(3))).any()
                 bad = Cat(*(((c < nf) & (q_bad.bit_select(comp_tq[c], 1)
                                          | h_bad.bit_select(Cat(comp_td[c], Const(0, 1)), 1)
                                          | h_bad.bit_select(Cat(comp_ta[c], Const(1, 1)), 1)))
-                            for c in used)).any()
+                            for c in range(3))).any()
                 with m.If(at_end):   # no entropy-coded data at all
                     fail(HeaderStatus.MALFORMED)
                 with m.Elif(rgb):
