@@ -34,7 +34,7 @@ def _build_harness(component, top: str, cpp: Path, exe_name: str, cflags: str = 
     """Build (or reuse) a Verilator executable of ``component`` driven by ``cpp``."""
     toolchain_env()
     verilog = export_verilog(component, top)
-    source = cpp.read_text()
+    source = cpp.read_text() + (cpp.parent / "harness.h").read_text()
     cmd_flags = ["--cc", "--exe", "--build", "-j", "2", "-O3", "--x-assign", "fast", "--x-initial",
                  "fast", "-Wno-fatal", "--top-module", top, "-CFLAGS", f"-O2 {cflags}".strip()]
     version = subprocess.run(["verilator", "--version"], capture_output=True, text=True).stdout

@@ -19,29 +19,17 @@
 #include <vector>
 #include "Vchain.h"
 #include "verilated.h"
+#include "harness.h"
 
 // 32-bit words of an output beat (the payload width depends on the core's lanes).
 static const uint32_t kLanes = LANES;
 static const uint32_t kRowWords = sizeof(((Vchain *)nullptr)->o___05Fpayload) / 4;
 
-static bool read_all(void *dst, size_t n) { return fread(dst, 1, n, stdin) == n; }
-
-static void tick(Vchain *top) {
-    top->clk = 1;
-    top->eval();
-    top->clk = 0;
-    top->eval();
-}
-
 int main(int argc, char **argv) {
     Verilated::commandArgs(argc, argv);
     auto *top = new Vchain;
     top->clk = 0;
-    top->rst = 1;
-    top->eval();
-    tick(top);
-    tick(top);
-    top->rst = 0;
+    reset(top, 2);
     for (;;) {
         uint32_t n_writes, n_quant;
         if (!read_all(&n_writes, 4) || n_writes == 0xFFFFFFFFu) break;
@@ -80,24 +68,21 @@ int main(int argc, char **argv) {
         uint64_t bound = (16ull * n_bytes + 16ull * n_blocks + 4096) * 100
                          / std::max<uint32_t>(1, std::min<uint32_t>(100, ready_percent));
         size_t pos = 0;
-        uint32_t lfsr = seed ? seed : 1;
+        Chance chance(seed);
         uint32_t status = 0xFFFFFFFFu, symbols = 0;
         bool finished = false;
         for (;;) {
-            bool have = pos < n_bytes;
-            uint32_t n = have ? (uint32_t)std::min<size_t>(4, n_bytes - pos) : 0;
-            uint64_t data = 0;
-            for (uint32_t j = 0; j < n; ++j) data |= (uint64_t)bytes[pos + j] << (8 * j);
-            bool last = have && pos + n >= n_bytes;
-            top->input___05Fpayload = data | ((uint64_t)n << 32) | ((uint64_t)last << 35);
+            InputChunk chunk = input_chunk(bytes, pos);
+            bool have = chunk.n != 0;
+            uint32_t n = chunk.n;
+            top->input___05Fpayload = chunk.payload;
             top->input___05Fvalid = have;
-            lfsr ^= lfsr << 13; lfsr ^= lfsr >> 17; lfsr ^= lfsr << 5;
-            bool ready = ready_percent >= 100 || (lfsr % 100) < ready_percent;
+            bool ready = chance(ready_percent);
             top->o___05Fready = ready;
             top->eval();
             bool in_fire = have && top->input___05Fready;
             if (top->o___05Fvalid && ready) {
-                for (uint32_t w = 0; w < kRowWords; ++w) rows.push_back(top->o___05Fpayload[w]);
+                push_words(rows, top->o___05Fpayload);
             }
             if (top->done) {
                 finished = true;
@@ -109,27 +94,23 @@ int main(int argc, char **argv) {
             ++cycles;
             if (in_fire) pos += n;
             if (finished && status != 0) {  // drop what a faulty scan left in flight
-                top->rst = 1;
-                tick(top);
-                top->rst = 0;
+                reset(top, 1);
                 break;
             }
             if (finished && rows.size() >= (size_t)kRowWords * (8 / kLanes) * n_blocks) break;
             if (cycles > bound) {
                 status = 0xFFFFFFFFu;
-                top->rst = 1;  // recover for the next job
-                tick(top);
-                top->rst = 0;
+                reset(top, 1);  // recover for the next job
                 break;
             }
         }
         uint32_t n_rows = (uint32_t)(rows.size() / kRowWords);
-        fwrite(&status, 4, 1, stdout);
-        fwrite(&symbols, 4, 1, stdout);
-        fwrite(&done_cycles, 8, 1, stdout);
-        fwrite(&cycles, 8, 1, stdout);
-        fwrite(&n_rows, 4, 1, stdout);
-        fwrite(&kRowWords, 4, 1, stdout);
+        write_value(status);
+        write_value(symbols);
+        write_value(done_cycles);
+        write_value(cycles);
+        write_value(n_rows);
+        write_value(kRowWords);
         fwrite(rows.data(), 4, rows.size(), stdout);
         fflush(stdout);
     }

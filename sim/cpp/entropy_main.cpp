@@ -15,25 +15,13 @@
 #include <vector>
 #include "Ventropy_decoder.h"
 #include "verilated.h"
-
-static bool read_all(void *dst, size_t n) { return fread(dst, 1, n, stdin) == n; }
-
-static void tick(Ventropy_decoder *top) {
-    top->clk = 1;
-    top->eval();
-    top->clk = 0;
-    top->eval();
-}
+#include "harness.h"
 
 int main(int argc, char **argv) {
     Verilated::commandArgs(argc, argv);
     auto *top = new Ventropy_decoder;
     top->clk = 0;
-    top->rst = 1;
-    top->eval();
-    tick(top);
-    tick(top);
-    top->rst = 0;
+    reset(top, 2);
     for (;;) {
         uint32_t n_writes;
         if (!read_all(&n_writes, 4) || n_writes == 0xFFFFFFFFu) break;
@@ -65,18 +53,15 @@ int main(int argc, char **argv) {
         uint64_t cycles = 0;
         uint64_t bound = (16ull * n_bytes + 4096) * 100 / std::max<uint32_t>(1, std::min<uint32_t>(100, ready_percent));
         size_t pos = 0;
-        uint32_t lfsr = seed ? seed : 1;
+        Chance chance(seed);
         uint32_t status = 0xFFFFFFFFu;
         for (;;) {
-            bool have = pos < n_bytes;
-            uint32_t n = have ? (uint32_t)std::min<size_t>(4, n_bytes - pos) : 0;
-            uint64_t data = 0;
-            for (uint32_t j = 0; j < n; ++j) data |= (uint64_t)bytes[pos + j] << (8 * j);
-            bool last = have && pos + n >= n_bytes;
-            top->input___05Fpayload = data | ((uint64_t)n << 32) | ((uint64_t)last << 35);
+            InputChunk chunk = input_chunk(bytes, pos);
+            bool have = chunk.n != 0;
+            uint32_t n = chunk.n;
+            top->input___05Fpayload = chunk.payload;
             top->input___05Fvalid = have;
-            lfsr ^= lfsr << 13; lfsr ^= lfsr >> 17; lfsr ^= lfsr << 5;
-            bool ready = ready_percent >= 100 || (lfsr % 100) < ready_percent;
+            bool ready = chance(ready_percent);
             top->coef___05Fready = ready;
             top->eval();
             bool in_fire = have && top->input___05Fready;
@@ -98,9 +83,7 @@ int main(int argc, char **argv) {
             if (cycles > bound) {
                 uint32_t head[2] = {0xFFFFFFFFu, symbols};
                 fwrite(head, 4, 2, stdout);
-                top->rst = 1;  // recover for the next job
-                tick(top);
-                top->rst = 0;
+                reset(top, 1);  // recover for the next job
                 break;
             }
         }

@@ -17,34 +17,17 @@
 #include <vector>
 #include "Vidct.h"
 #include "verilated.h"
+#include "harness.h"
 
 // 32-bit words of an output beat (the payload width depends on the core's lanes).
 static const uint32_t kLanes = LANES;
 static const uint32_t kRowWords = sizeof(((Vidct *)nullptr)->o___05Fpayload) / 4;
 
-static bool read_all(void *dst, size_t n) { return fread(dst, 1, n, stdin) == n; }
-
-static void tick(Vidct *top) {
-    top->clk = 1;
-    top->eval();
-    top->clk = 0;
-    top->eval();
-}
-
-static uint32_t xorshift(uint32_t &s) {
-    s ^= s << 13; s ^= s >> 17; s ^= s << 5;
-    return s;
-}
-
 int main(int argc, char **argv) {
     Verilated::commandArgs(argc, argv);
     auto *top = new Vidct;
     top->clk = 0;
-    top->rst = 1;
-    top->eval();
-    tick(top);
-    tick(top);
-    top->rst = 0;
+    reset(top, 2);
     for (;;) {
         uint32_t n_quant, n_beats, valid_percent, ready_percent, seed;
         if (!read_all(&n_quant, 4) || n_quant == 0xFFFFFFFFu) break;
@@ -67,14 +50,14 @@ int main(int argc, char **argv) {
         uint64_t blocks = n_blocks;
         uint32_t slowest = std::max<uint32_t>(1, std::min(std::min(valid_percent, ready_percent), 100u));
         uint64_t bound = (n_beats + 16 * blocks + 256) * 200 / slowest;
-        uint32_t s = seed ? seed : 1;
+        Chance chance(seed);
         std::vector<uint32_t> out;
         uint64_t cycles = 0, last0 = 0;
         uint32_t latency = 0;
         size_t pos = 0;
         while (out.size() < (size_t)kRowWords * (8 / kLanes) * blocks && cycles <= bound) {
-            bool offer = pos < n_beats && (valid_percent >= 100 || xorshift(s) % 100 < valid_percent);
-            bool ready = ready_percent >= 100 || xorshift(s) % 100 < ready_percent;
+            bool offer = pos < n_beats && chance(valid_percent);
+            bool ready = chance(ready_percent);
             if (offer) {
                 top->coef___05Fpayload[0] = (uint32_t)lows[pos];
                 top->coef___05Fpayload[1] = (uint32_t)(lows[pos] >> 32);
@@ -88,7 +71,7 @@ int main(int argc, char **argv) {
 
             if (top->o___05Fvalid && ready) {
                 if (out.empty()) latency = (uint32_t)(cycles - last0);
-                for (uint32_t w = 0; w < kRowWords; ++w) out.push_back(top->o___05Fpayload[w]);
+                push_words(out, top->o___05Fpayload);
             }
             tick(top);
             ++cycles;
@@ -96,16 +79,14 @@ int main(int argc, char **argv) {
         }
         uint32_t ok = out.size() == (size_t)kRowWords * (8 / kLanes) * blocks;
         if (!ok) {  // recover for the next job
-            top->rst = 1;
-            tick(top);
-            top->rst = 0;
+            reset(top, 1);
         }
         uint32_t n_rows = (uint32_t)(out.size() / kRowWords);
-        fwrite(&ok, 4, 1, stdout);
-        fwrite(&cycles, 8, 1, stdout);
-        fwrite(&latency, 4, 1, stdout);
-        fwrite(&n_rows, 4, 1, stdout);
-        fwrite(&kRowWords, 4, 1, stdout);
+        write_value(ok);
+        write_value(cycles);
+        write_value(latency);
+        write_value(n_rows);
+        write_value(kRowWords);
         fwrite(out.data(), 4, out.size(), stdout);
         fflush(stdout);
     }

@@ -13,27 +13,15 @@
 #include <vector>
 #include "Vlane.h"
 #include "verilated.h"
+#include "harness.h"
 
 static const uint32_t kWords = sizeof(((Vlane *)nullptr)->o___05Fpayload) / 4;
-
-static bool read_all(void *dst, size_t n) { return fread(dst, 1, n, stdin) == n; }
-
-static void tick(Vlane *top) {
-    top->clk = 1;
-    top->eval();
-    top->clk = 0;
-    top->eval();
-}
 
 int main(int argc, char **argv) {
     Verilated::commandArgs(argc, argv);
     auto *top = new Vlane;
     top->clk = 0;
-    top->rst = 1;
-    top->eval();
-    tick(top);
-    tick(top);
-    top->rst = 0;
+    reset(top, 2);
     for (;;) {
         uint32_t n_bytes, ready_percent;
         if (!read_all(&n_bytes, 4) || n_bytes == 0xFFFFFFFFu) break;
@@ -41,24 +29,21 @@ int main(int argc, char **argv) {
         if (!read_all(bytes.data(), n_bytes) || !read_all(&ready_percent, 4)) return 1;
         std::vector<uint32_t> out;
         uint64_t cycles = 0, bound = 64ull * n_bytes + 100000;
-        uint32_t status = 0xFFFFFFFFu, lfsr = 1;
+        uint32_t status = 0xFFFFFFFFu;
+        Chance chance(1);
         uint64_t info = 0;
         size_t pos = 0;
         for (;;) {
-            bool have = pos < n_bytes;
-            uint32_t n = have ? (uint32_t)std::min<size_t>(4, n_bytes - pos) : 0;
-            uint64_t data = 0;
-            for (uint32_t j = 0; j < n; ++j) data |= (uint64_t)bytes[pos + j] << (8 * j);
-            bool last = have && pos + n >= n_bytes;
-            top->input___05Fpayload = data | ((uint64_t)n << 32) | ((uint64_t)last << 35);
+            InputChunk chunk = input_chunk(bytes, pos);
+            bool have = chunk.n != 0;
+            uint32_t n = chunk.n;
+            top->input___05Fpayload = chunk.payload;
             top->input___05Fvalid = have;
-            lfsr ^= lfsr << 13; lfsr ^= lfsr >> 17; lfsr ^= lfsr << 5;
-            bool ready = ready_percent >= 100 || (lfsr % 100) < ready_percent;
+            bool ready = chance(ready_percent);
             top->o___05Fready = ready;
             top->eval();
             bool in_fire = have && top->input___05Fready;
-            if (top->o___05Fvalid && ready)
-                for (uint32_t w = 0; w < kWords; ++w) out.push_back(top->o___05Fpayload[w]);
+            if (top->o___05Fvalid && ready) push_words(out, top->o___05Fpayload);
             bool done = top->done;
             if (done) {
                 status = top->status;
@@ -69,18 +54,16 @@ int main(int argc, char **argv) {
             if (in_fire) pos += n;
             if (done && pos >= n_bytes) break;
             if (cycles > bound) {
-                top->rst = 1;
-                tick(top);
-                top->rst = 0;
+                reset(top, 1);
                 break;
             }
         }
         uint32_t n_beats = (uint32_t)(out.size() / kWords);
-        fwrite(&status, 4, 1, stdout);
-        fwrite(&cycles, 8, 1, stdout);
-        fwrite(&info, 8, 1, stdout);
-        fwrite(&n_beats, 4, 1, stdout);
-        fwrite(&kWords, 4, 1, stdout);
+        write_value(status);
+        write_value(cycles);
+        write_value(info);
+        write_value(n_beats);
+        write_value(kWords);
         fwrite(out.data(), 4, out.size(), stdout);
         fflush(stdout);
     }
