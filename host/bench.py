@@ -90,6 +90,14 @@ def _machine() -> dict:
             "date": date.today().isoformat()}
 
 
+def _by_subsampling(rows: list[dict]) -> dict[str, list[dict]]:
+    """Rows grouped by their ``subsampling``, plus ``all``, in sorted key order."""
+    groups: dict[str, list[dict]] = {"all": list(rows)}
+    for r in rows:
+        groups.setdefault(r["subsampling"], []).append(r)
+    return dict(sorted(groups.items()))
+
+
 def _table(headers: list[str], rows: list[list]) -> str:
     cells = [headers] + [[f"{c:.2f}" if isinstance(c, float) else str(c) for c in r] for r in rows]
     widths = [max(len(r[i]) for r in cells) for i in range(len(headers))]
@@ -203,10 +211,7 @@ def bench_entropy(files: list[tuple[str, bytes]], ready_percent: int) -> dict:
             })
     wall = time.perf_counter() - t0
     clean = [r for r in rows if r["status"] == 0]
-    groups = {}
-    for r in clean:
-        groups.setdefault(r["subsampling"], []).append(r)
-    groups["all"] = clean
+    groups = _by_subsampling(clean)
 
     def total(rs):
         symbols, cycles = sum(r["symbols"] for r in rs), sum(r["cycles"] for r in rs)
@@ -219,7 +224,7 @@ def bench_entropy(files: list[tuple[str, bytes]], ready_percent: int) -> dict:
         "files": len(rows), "faulty_streams": len(rows) - len(clean),
         "model_mismatches": sum(not r["matches_model"] for r in rows),
         "simulated_clocks_per_s": sum(r["cycles"] for r in rows) / wall,
-        "totals": {k: total(v) for k, v in sorted(groups.items())}, "per_file": rows, **_machine(),
+        "totals": {k: total(v) for k, v in groups.items()}, "per_file": rows, **_machine(),
     }
 
 
@@ -281,10 +286,7 @@ def bench_idct(files: list[tuple[str, bytes]], lanes_list: list[int], ieee_block
                              "entropy_done": r.done_cycles, "cycles": r.cycles,
                              "stall_ratio": r.done_cycles / max(entropy_cycles[path], 1),
                              "matches_model": bool(same)})
-        groups = {}
-        for row in rows:
-            groups.setdefault(row["subsampling"], []).append(row)
-        groups["all"] = rows
+        groups = _by_subsampling(rows)
         config["photos"] = {k: {
             "files": len(v), "blocks": sum(x["blocks"] for x in v),
             "symbols_per_block": sum(x["symbols"] for x in v) / max(sum(x["blocks"] for x in v), 1),
@@ -293,7 +295,7 @@ def bench_idct(files: list[tuple[str, bytes]], lanes_list: list[int], ieee_block
             "slowdown": sum(x["entropy_done"] for x in v) / max(sum(x["entropy_alone"] for x in v), 1),
             "worst_file_slowdown": max(x["stall_ratio"] for x in v),
             "files_held_up": sum(x["entropy_done"] > x["entropy_alone"] for x in v),
-        } for k, v in sorted(groups.items())}
+        } for k, v in groups.items()}
         config["model_mismatches"] = sum(not x["matches_model"] for x in rows)
         config["per_file"] = rows
         config["wall_s"] = time.perf_counter() - t0
@@ -328,16 +330,12 @@ def bench_lane(files: list[tuple[str, bytes]], max_width: int) -> dict:
                          "pixels": pixels, "cycles": result.cycles,
                          "clocks_per_pixel": result.cycles / max(pixels, 1), "equals_pillow": bool(same)})
     wall = time.perf_counter() - t0
-    groups = {}
-    for r in rows:
-        if r["status"] == 0:
-            groups.setdefault(r["subsampling"], []).append(r)
-    groups["all"] = [r for r in rows if r["status"] == 0]
+    groups = _by_subsampling([r for r in rows if r["status"] == 0])
     totals = {k: {"files": len(v), "pixels": sum(r["pixels"] for r in v),
                   "cycles": sum(r["cycles"] for r in v),
                   "clocks_per_pixel": sum(r["cycles"] for r in v) / max(sum(r["pixels"] for r in v), 1),
                   "mean_file_clocks_per_pixel": statistics.fmean(r["clocks_per_pixel"] for r in v) if v else 0.0}
-              for k, v in sorted(groups.items())}
+              for k, v in groups.items()}
     return {"benchmark": "decoder lane, Verilator", "max_width": max_width, "files": len(rows),
             "stopped": sum(r["status"] != 0 for r in rows),
             "differ_from_pillow": sum(r["status"] == 0 and not r["equals_pillow"] for r in rows),
@@ -372,6 +370,7 @@ def _print_idct(result: dict) -> None:
 
 def run(args: argparse.Namespace) -> int:
     files = _inputs(args)
+    failed = False
     if args.kind == "lane":
         result = bench_lane(files, args.max_width)
         if args.per_file:
@@ -384,18 +383,13 @@ def run(args: argparse.Namespace) -> int:
         print(f"{result['files']} files, {result['stopped']} stopped by the lane, "
               f"{result['differ_from_pillow']} differ from Pillow; "
               f"{result['simulated_clocks_per_s'] / 1e6:.2f} M simulated clocks/s")
-        if args.json:
-            Path(args.json).write_text(json.dumps(result, indent=1) + "\n")
-        return 1 if result["differ_from_pillow"] else 0
-    if args.kind == "idct":
+        failed = bool(result["differ_from_pillow"])
+    elif args.kind == "idct":
         result = bench_idct(files, [int(x) for x in args.lanes.split(",")], args.ieee_blocks)
         _print_idct(result)
-        if args.json:
-            Path(args.json).write_text(json.dumps(result, indent=1) + "\n")
-        bad = any(c["model_mismatches"] or not c.get("ieee1180", {"passed": True})["passed"]
-                  for c in result["configs"])
-        return 1 if bad else 0
-    if args.kind == "entropy":
+        failed = any(c["model_mismatches"] or not c.get("ieee1180", {"passed": True})["passed"]
+                     for c in result["configs"])
+    elif args.kind == "entropy":
         result = bench_entropy(files, args.ready)
         if args.per_file:
             print(_table(["file", "status", "symbols", "clocks", "symbols/clk", "bytes/clk"],
@@ -407,10 +401,8 @@ def run(args: argparse.Namespace) -> int:
         print(f"{result['files']} files ({result['faulty_streams']} faulty streams), "
               f"{result['model_mismatches']} differ from the model; "
               f"{result['simulated_clocks_per_s'] / 1e6:.2f} M simulated clocks/s")
-        if args.json:
-            Path(args.json).write_text(json.dumps(result, indent=1) + "\n")
-        return 1 if result["model_mismatches"] else 0
-    if args.kind == "parse":
+        failed = bool(result["model_mismatches"])
+    elif args.kind == "parse":
         result = bench_parse(files, args.repeat)
         print(_table(["mode", "files", "mean bytes", "us mean", "us median", "us p95", "us max"],
                      [[mode, result["files"], round(result["bytes_mean"]), r["us_mean"],
@@ -424,4 +416,4 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         Path(args.json).write_text(json.dumps(result, indent=1) + "\n")
         print(f"wrote {args.json}", file=sys.stderr)
-    return 0
+    return 1 if failed else 0

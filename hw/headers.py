@@ -288,19 +288,23 @@ class HeaderParser(wiring.Component):
                 with m.Elif(at_end):
                     fail(HeaderStatus.MALFORMED)
 
-            with m.State("DQT"):
-                m.d.comb += self.busy.eq(1)
-                segment_done()
-                with m.If(seg_byte):
-                    consume()
-                    with m.If((byte[4:8] > 1) | (byte[0:4] > 3)):
+            def table_head(name, first_state, start):
+                """A DQT/DHT table's first byte (Pq/Tc <= 1, Tq/Th <= 3), or the segment end."""
+                with m.State(name):
+                    m.d.comb += self.busy.eq(1)
+                    segment_done()
+                    with m.If(seg_byte):
+                        consume()
+                        with m.If((byte[4:8] > 1) | (byte[0:4] > 3)):
+                            fail(HeaderStatus.MALFORMED)
+                        with m.Else():
+                            m.d.sync += [k.eq(0), *start(byte[4], byte[0:2])]
+                            m.next = first_state
+                    with m.Elif(at_end & (remaining != 0)):
                         fail(HeaderStatus.MALFORMED)
-                    with m.Else():
-                        m.d.sync += [wide.eq(byte[4]), sel.eq(byte[0:2]), k.eq(0),
-                                     q_bad.bit_select(byte[0:2], 1).eq(0)]
-                        m.next = "DQT_VAL"
-                with m.Elif(at_end & (remaining != 0)):
-                    fail(HeaderStatus.MALFORMED)
+
+            table_head("DQT", "DQT_VAL", lambda pq, tq: [
+                wide.eq(pq), sel.eq(tq), q_bad.bit_select(tq, 1).eq(0)])
             with m.State("DQT_VAL"):
                 m.d.comb += self.busy.eq(1)
                 value = Mux(wide, Cat(byte, hi), byte)
@@ -321,19 +325,9 @@ class HeaderParser(wiring.Component):
                 with m.Elif(byte_valid | at_end):
                     fail(HeaderStatus.MALFORMED)
 
-            with m.State("DHT"):
-                m.d.comb += self.busy.eq(1)
-                segment_done()
-                with m.If(seg_byte):
-                    consume()
-                    with m.If((byte[4:8] > 1) | (byte[0:4] > 3)):
-                        fail(HeaderStatus.MALFORMED)
-                    with m.Else():
-                        m.d.sync += [sel.eq(Cat(byte[0:2], byte[4])), k.eq(0), counts_total.eq(0),
-                                     code.eq(0), h_bad.bit_select(Cat(byte[0:2], byte[4]), 1).eq(0)]
-                        m.next = "DHT_COUNTS"
-                with m.Elif(at_end & (remaining != 0)):
-                    fail(HeaderStatus.MALFORMED)
+            table_head("DHT", "DHT_COUNTS", lambda tc, th: [
+                sel.eq(Cat(th, tc)), counts_total.eq(0), code.eq(0),
+                h_bad.bit_select(Cat(th, tc), 1).eq(0)])
             with m.State("DHT_COUNTS"):
                 m.d.comb += self.busy.eq(1)
                 with m.If(seg_byte):

@@ -165,6 +165,20 @@ def _pack_fields(layout, fields: dict) -> tuple[np.ndarray, np.ndarray]:
     return lo, hi
 
 
+def _scan_job(data: bytes, info) -> tuple[bytes, bytes, bytes]:
+    """The entropy decoder's part of a harness job for the first scan of a file:
+    (u32 count + TableWrite words, the ScanConfig as three u32, u32 length + the bytes)."""
+    from dlbooster.hw.entropy import ScanConfig, TableWrite, scan_program
+
+    config, writes, start, end = scan_program(info)
+    scan_bits = pack(ScanConfig, config)
+    words = [pack(TableWrite, w) for w in writes]
+    stream = data[start:end]
+    return (struct.pack("<I", len(words)) + struct.pack(f"<{len(words)}I", *words),
+            struct.pack("<3I", scan_bits & 0xFFFFFFFF, (scan_bits >> 32) & 0xFFFFFFFF, scan_bits >> 64),
+            struct.pack("<I", len(stream)) + stream)
+
+
 class EntropyHarness(_Process):
     """A running Verilator harness of the entropy decoder; decode many scans through one
     core instance.
@@ -185,16 +199,9 @@ class EntropyHarness(_Process):
             seed: seed of the output back-pressure pattern.
         """
         from dlbooster import jpeg
-        from dlbooster.hw.entropy import ScanConfig, TableWrite, scan_program
 
-        info = info or jpeg.parse(data)
-        config, writes, start, end = scan_program(info)
-        scan_bits = ScanConfig.const(config).as_value().value
-        words = [TableWrite.const(w).as_value().value for w in writes]
-        stream = data[start:end]
-        job = (struct.pack("<I", len(words)) + struct.pack(f"<{len(words)}I", *words)
-               + struct.pack("<3I", scan_bits & 0xFFFFFFFF, (scan_bits >> 32) & 0xFFFFFFFF, scan_bits >> 64)
-               + struct.pack("<I", len(stream)) + stream + struct.pack("<II", ready_percent, seed))
+        tables, scan, stream = _scan_job(data, info or jpeg.parse(data))
+        job = tables + scan + stream + struct.pack("<II", ready_percent, seed)
         self.proc.stdin.write(job)
         self.proc.stdin.flush()
         status, symbols, cycles, n = struct.unpack("<IIQI", self._read(20))
@@ -396,23 +403,16 @@ class ChainHarness(_Process):
             seed: seed of that pattern.
         """
         from dlbooster import jpeg, model
-        from dlbooster.hw.entropy import ScanConfig, TableWrite, scan_program
         from dlbooster.hw.idct import QuantWrite, quant_writes
 
         info = info or jpeg.parse(data)
-        config, writes, start, end = scan_program(info)
-        scan_bits = ScanConfig.const(config).as_value().value
-        words = [TableWrite.const(w).as_value().value for w in writes]
+        tables, scan_words, stream = _scan_job(data, info)
         scan = info.scans[0]
         quant = [pack(QuantWrite, w) for c, (index, _, _) in enumerate(scan.components)
                  for w in quant_writes(c, scan.qtables[info.frame.components[index].tq])]
         n_blocks = len(model.block_order(info))
-        stream = data[start:end]
-        job = (struct.pack("<I", len(words)) + struct.pack(f"<{len(words)}I", *words)
-               + struct.pack("<I", len(quant)) + struct.pack(f"<{len(quant)}I", *quant)
-               + struct.pack("<3I", scan_bits & 0xFFFFFFFF, (scan_bits >> 32) & 0xFFFFFFFF, scan_bits >> 64)
-               + struct.pack("<I", len(stream)) + stream
-               + struct.pack("<III", n_blocks, ready_percent, seed))
+        job = (tables + struct.pack("<I", len(quant)) + struct.pack(f"<{len(quant)}I", *quant)
+               + scan_words + stream + struct.pack("<III", n_blocks, ready_percent, seed))
         self.proc.stdin.write(job)
         self.proc.stdin.flush()
         status, symbols, done_cycles, cycles = struct.unpack("<IIQQ", self._read(24))

@@ -29,13 +29,10 @@ from cocotb.triggers import ReadOnly, RisingEdge
 from dlbooster import model
 from dlbooster.hw.entropy import CoefBeat
 from dlbooster.hw.idct import BlockRow, QuantWrite, block_beats, quant_writes
+from dlbooster.sim.harness import pack
 
 _ROW = [(name, field.offset, (1 << field.width) - 1) for name, field in BlockRow]
 _SAMPLES = BlockRow["samples"].offset
-
-
-def _pack(layout, value: dict) -> int:
-    return layout.const(value).as_value().value
 
 
 @cocotb.test()
@@ -62,12 +59,12 @@ async def transform_blocks(dut):
     dut.rst.value = 0
     for c in range(len(quant)):
         for w in quant_writes(c, quant[c]):
-            dut.quant__payload.value = _pack(QuantWrite, w)
+            dut.quant__payload.value = pack(QuantWrite, w)
             dut.quant__valid.value = 1
             await RisingEdge(dut.clk)
     dut.quant__valid.value = 0
 
-    beats = [_pack(CoefBeat, b) for i in range(n)
+    beats = [pack(CoefBeat, b) for i in range(n)
              for b in block_beats(blocks[i], int(comps[i]), i & 0xFFFF, i >> 16)]
     bound = (len(beats) + 16 * n + 256) * 200 // max(1, min(valid_percent, ready_percent, 100))
     samples = np.zeros((n, 8, 8), dtype=np.uint8)
