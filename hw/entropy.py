@@ -59,6 +59,23 @@ class Status(enum.IntEnum):
     UNEXPECTED_MARKER = 3  # a marker inside entropy data before the MCU was complete
     BAD_RESTART = 4        # wrong or missing RSTn at a restart boundary
     TRUNCATED = 5          # end of data (or a non-RST marker) before the last MCU
+    AFTER_SCAN = 6         # after the last MCU, the first marker other than RSTn is not
+    #                        EOI, or the data ends without EOI (the gateware's own code:
+    #                        the model's callers screen such files with classify's
+    #                        "after-scan")
+
+    @property
+    def reason(self) -> str | None:
+        """The reason string of :data:`dlbooster.model.STATUS_REASONS` (``after-scan``
+        as :func:`dlbooster.jpeg.classify` spells it); None for OK."""
+        return _REASONS.get(self)
+
+
+_REASONS = {
+    Status.BAD_CODE: "bad-huffman-code", Status.COEF_OVERFLOW: "coefficient-overflow",
+    Status.UNEXPECTED_MARKER: "unexpected-marker", Status.BAD_RESTART: "bad-restart",
+    Status.TRUNCATED: "truncated", Status.AFTER_SCAN: "after-scan",
+}
 
 
 #: One beat of entropy-coded input: ``n`` valid bytes (1..4), byte 0 in ``data[0:8]``
@@ -614,7 +631,7 @@ class EntropyDecoder(wiring.Component):
                     m.d.sync += select.eq(Cat(ccfg.ac, Const(1, 1)))
                 with m.If(block_done & last_block_in_mcu):
                     with m.If(last_mcu):
-                        m.next = "DRAIN"
+                        m.next = "TAIL"
                     with m.Else():
                         with m.If(mcu_x == cfg.mcux - 1):
                             m.d.sync += [mcu_x.eq(0), mcu_y.eq(mcu_y + 1)]
@@ -648,6 +665,22 @@ class EntropyDecoder(wiring.Component):
                         m.next = "DRAIN"
                 with m.Elif(~r1.valid & us.at_end):
                     m.d.sync += status.eq(Status.BAD_RESTART)
+                    m.next = "DRAIN"
+            with m.State("TAIL"):
+                # After the last MCU: skip leftover bits, padding and RSTn markers up to
+                # EOI, the only ending jpeg.classify accepts (libjpeg reads any
+                # marker there, and a DHT or second SOS would change Pillow's result).
+                m.d.comb += [self.busy.eq(1), us.seek.eq(1)]
+                m.d.sync += [buf.eq(0), cnt.eq(0)]
+                with m.If(us.marker_valid):
+                    with m.If(us.marker[3:] == 0b11010):
+                        m.d.comb += us.consume_marker.eq(1)
+                    with m.Else():
+                        with m.If(us.marker != 0xD9):
+                            m.d.sync += status.eq(Status.AFTER_SCAN)
+                        m.next = "DRAIN"
+                with m.Elif(us.at_end):
+                    m.d.sync += status.eq(Status.AFTER_SCAN)
                     m.next = "DRAIN"
             with m.State("DRAIN"):
                 m.d.comb += [self.busy.eq(1), us.flush.eq(1)]

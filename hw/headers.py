@@ -50,6 +50,15 @@ class HeaderStatus(enum.IntEnum):
     BAD_TABLE = 15        # Huffman code space overflow, DC symbol > 15, quantiser > 32767
     WIDTH = 16            # wider than the lane's line buffers
 
+    @property
+    def reason(self) -> str | None:
+        """The reason code :func:`dlbooster.jpeg.classify` gives such a file; None for OK."""
+        if self is HeaderStatus.OK:
+            return None
+        if self is HeaderStatus.MALFORMED:
+            return "malformed-header"
+        return self.name.lower().replace("_", "-")
+
 
 #: The frame as the parser found it; valid once ``done`` (the scan started) or a frame
 #: check failed.

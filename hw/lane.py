@@ -9,10 +9,13 @@ Gray images skip the chroma path (Cb = Cr = 128 gives R = G = B = Y).
 
 A header the lane cannot decode ends the image with the parser's
 :class:`~dlbooster.hw.headers.HeaderStatus`; an entropy-decoder fault ends it with
-``0x20 | Status`` and resets the pixel path; an IDCT range fault (see
+``0x20 | Status`` and resets the pixel path (``Status.AFTER_SCAN``, 0x26, when the scan
+is not followed by EOI, which can come after the last pixel); an IDCT range fault (see
 :func:`dlbooster.hw.idct.block_rows`) is reported as ``0x30`` when the image ends. In
 each case the input is drained and the next image starts cleanly; the host decodes
-such images on the CPU.
+such images on the CPU (:func:`status_reason` names the reason as
+:func:`dlbooster.jpeg.classify` would). ``done`` comes once every byte of the file has
+been taken, so the next file may follow at once.
 """
 
 from amaranth import Module, Mux, Signal
@@ -21,18 +24,36 @@ from amaranth.lib import data, stream, wiring
 from amaranth.lib.wiring import In, Out
 
 from .color import ColorConverter, rgb_pixels
-from .entropy import EntropyDecoder, InputBeat
-from .headers import FrameInfo, HeaderParser
+from .entropy import EntropyDecoder, InputBeat, Status
+from .headers import FrameInfo, HeaderParser, HeaderStatus
 from .idct import Idct
 from .planes import PlaneBuffer
 from .upsample import RowUpsampler
 
-__all__ = ["Lane", "STATUS_ENTROPY", "STATUS_IDCT_RANGE"]
+__all__ = ["Lane", "STATUS_ENTROPY", "STATUS_IDCT_RANGE", "status_reason"]
 
 #: Status of an image whose entropy-coded data was faulty: ``STATUS_ENTROPY | Status``.
 STATUS_ENTROPY = 0x20
 #: Status of an image with a block outside the exact IDCT range (``range_fault``).
 STATUS_IDCT_RANGE = 0x30
+
+
+def status_reason(status: int) -> str | None:
+    """Name a lane status as the host does: the reason code of
+    :func:`dlbooster.jpeg.classify` (header stops, ``after-scan``) or of
+    :data:`dlbooster.model.STATUS_REASONS` (entropy faults), ``idct-range`` for 0x30;
+    None for 0.
+
+    Raises:
+        ValueError: not a status the lane reports.
+    """
+    if status == 0:
+        return None
+    if status == STATUS_IDCT_RANGE:
+        return "idct-range"
+    if status & 0xF0 == STATUS_ENTROPY and status != STATUS_ENTROPY:
+        return Status(status & 0x0F).reason
+    return HeaderStatus(status).reason
 
 
 class Lane(wiring.Component):
@@ -166,14 +187,26 @@ class Lane(wiring.Component):
             m.d.sync += pixels_left.eq(pixels_left - y.payload.n)
         wiring.connect(m, color.o, wiring.flipped(self.o))
 
-        # Image end: the last pixel taken, a header stop, or an entropy fault.
+        # Image end: a header stop; an entropy fault (pixel path reset at once); or
+        # both the last pixel out and the entropy decoder finished (the file's bytes all
+        # taken and its ending checked), whichever comes second.
+        pixels_out = Signal()
+        scan_done = Signal()
+        last_out = self.o.valid & self.o.ready & self.o.payload.last
         m.d.comb += abort.eq(ent.done & (ent.status != 0))
         with m.If(hp.done & (hp.status != 0)):
             m.d.comb += [self.done.eq(1), self.status.eq(hp.status)]
         with m.Elif(abort):
             m.d.comb += [self.done.eq(1), self.status.eq(STATUS_ENTROPY | ent.status)]
-        with m.Elif(self.o.valid & self.o.ready & self.o.payload.last):
+        with m.Elif((pixels_out | last_out) & (scan_done | ent.done)):
             m.d.comb += [self.done.eq(1), self.status.eq(Mux(range_fault, STATUS_IDCT_RANGE, 0))]
+        with m.If(hp.start | self.done):
+            m.d.sync += [pixels_out.eq(0), scan_done.eq(0)]
+        with m.Else():
+            with m.If(last_out):
+                m.d.sync += pixels_out.eq(1)
+            with m.If(ent.done):
+                m.d.sync += scan_done.eq(1)
         with m.If(hp.start):
             m.d.sync += range_fault.eq(0)
         return m

@@ -26,15 +26,8 @@ from dlbooster.hw.headers import HeaderParser, HeaderStatus
 
 from jpegtools import CORPUS_DIR, corpus_rows, feature_subset, gen, photo_crop, segment
 
-REASONS = {
-    "not-jpeg": HeaderStatus.NOT_JPEG, "progressive": HeaderStatus.PROGRESSIVE,
-    "lossless": HeaderStatus.LOSSLESS, "hierarchical": HeaderStatus.HIERARCHICAL,
-    "arithmetic": HeaderStatus.ARITHMETIC, "precision": HeaderStatus.PRECISION,
-    "components": HeaderStatus.COMPONENTS, "color-transform": HeaderStatus.COLOR_TRANSFORM,
-    "sampling": HeaderStatus.SAMPLING, "dnl": HeaderStatus.DNL, "no-scan": HeaderStatus.NO_SCAN,
-    "non-interleaved": HeaderStatus.NON_INTERLEAVED, "missing-table": HeaderStatus.MISSING_TABLE,
-    "bad-table": HeaderStatus.BAD_TABLE, "width": HeaderStatus.WIDTH,
-}
+#: classify() reason -> the parser's stop code.
+REASONS = {s.reason: s for s in HeaderStatus if s not in (HeaderStatus.OK, HeaderStatus.MALFORMED)}
 
 
 def parse_in_hardware(files: list[bytes], max_width: int = 8192, seed: int = 1):

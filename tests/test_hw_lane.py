@@ -8,14 +8,16 @@ import io
 import random
 
 import numpy as np
+import pytest
 from amaranth.sim import Simulator
 from PIL import Image
 
-from dlbooster import jpeg
+from dlbooster import jpeg, model
 from dlbooster.hw.headers import HeaderStatus
-from dlbooster.hw.lane import STATUS_ENTROPY, Lane
+from dlbooster.hw.entropy import Status
+from dlbooster.hw.lane import STATUS_ENTROPY, Lane, status_reason
 
-from jpegtools import gen
+from jpegtools import gen, segment
 
 
 def run_lane(files: list[bytes], max_width: int = 64, seed: int = 1, ready_percent: int = 100):
@@ -113,3 +115,45 @@ def test_stops_and_recovers():
     assert results[4][0] & 0xF0 == STATUS_ENTROPY and results[4][0] != STATUS_ENTROPY
     for k in (1, 3, 5):
         _assert_pillow(good, results[k])
+
+
+def test_scan_ending():
+    """After the last MCU the hardware accepts padding, leftover bytes and RSTn markers up
+    to EOI (and anything after EOI), like classify(); any other ending is ``after-scan``."""
+    good = gen(20, 12, subsampling=2, quality=70)
+    assert good.endswith(b"\xff\xd9")
+    body = good[:-2]
+    dht = segment(0xC4, bytes([0x00, 1] + [0] * 15 + [0]))
+    after_scan = STATUS_ENTROPY | Status.AFTER_SCAN
+    endings = {   # name: (file, lane status, classify's reason)
+        "rst_then_eoi": (body + b"\xff\xd0\xff\xff\xd9", 0, None),
+        "padding_then_eoi": (body + b"\x12\x34\xff\x00\xff\xd9", 0, None),
+        "trailing_after_eoi": (good + b"\x00\xff\xc4junk" * 3, 0, None),
+        "no_eoi": (body, after_scan, "after-scan"),
+        "table_after_scan": (body + dht + b"\xff\xd9", after_scan, "after-scan"),
+        "second_sos": (body + segment(0xDA, b"\x01\x01\x00\x00\x3f\x00") + b"\xff\xd9",
+                       after_scan, "multi-scan"),
+    }
+    files = [data for data, _, _ in endings.values()] + [good]
+    results = run_lane(files, seed=5)
+    for (name, (data, expect, reason)), result in zip(endings.items(), results):
+        assert result[0] == expect, name
+        assert jpeg.classify(jpeg.parse(data)) == reason, name
+        if expect == 0:
+            _assert_pillow(data, result)
+        else:
+            assert status_reason(result[0]) == "after-scan"
+    _assert_pillow(good, results[-1])
+
+
+def test_status_reasons_match_host():
+    assert {s.reason for s in Status if s} == set(model.STATUS_REASONS.values()) | {"after-scan"}
+    for s in Status:
+        if s:
+            assert s.reason == model.STATUS_REASONS.get(s, "after-scan")
+            assert status_reason(STATUS_ENTROPY | s) == s.reason
+    assert status_reason(HeaderStatus.MALFORMED) == "malformed-header"
+    assert status_reason(HeaderStatus.NON_INTERLEAVED) == "non-interleaved"
+    assert status_reason(0x30) == "idct-range" and status_reason(0) is None
+    with pytest.raises(ValueError):
+        status_reason(0x17)
