@@ -5,7 +5,11 @@ Commands:
 - ``dlbooster decode [--backend B] [--out DIR] [--json] [--verify] PATH...``: decode files
   or folders (walked recursively); exit 0 when every input decoded (ok or fallback),
   1 when any input errored (or, with ``--verify``, differs from Pillow), 2 on bad usage.
-- ``dlbooster bench {parse,decode,entropy,idct} ...``: the benchmarks (:mod:`dlbooster.bench`).
+- ``dlbooster bench {parse,decode,entropy,idct,lane} ...``: the benchmarks (:mod:`dlbooster.bench`).
+- ``dlbooster debug-lane [--simulator S] [--max-width W] PATH...``: run files through the
+  lane's cocotb testbench; for each one that fails, the first stage that leaves the
+  reference model and a waveform (FST) of its run (:mod:`dlbooster.sim.lane_debug`);
+  exit 1 when any file failed.
 - ``dlbooster demo``: the main job on a machine with no board and no dataset.
 """
 
@@ -119,6 +123,28 @@ def _cmd_bench(args: argparse.Namespace) -> int:
     return bench.run(args)
 
 
+def _cmd_debug_lane(args: argparse.Namespace) -> int:
+    from .sim.lane_debug import debug_lane
+
+    paths = [p for p, _ in _walk(args.paths)]
+    run, reruns = debug_lane(paths, simulator=args.simulator, max_width=args.max_width,
+                             valid_percent=args.valid, ready_percent=args.ready)
+    for r in run.report:
+        v = r["verdict"]
+        state = "ok" if r["ok"] else "FAIL"
+        print(f"{state:4}  {r['path']}: expect {v['expect']}{' (' + v['reason'] + ')' if v['reason'] else ''}, "
+              f"status {r['status']:#x}{' (' + v['status_reason'] + ')' if v['status_reason'] else ''}, "
+              f"{r['cycles']} clocks, {r['pixels']} pixels")
+        if not r["ok"]:
+            if v["detail"]:
+                print(f"      {v['detail']}")
+            for line in r["stages"]:
+                print("      " + line.replace("\n", "\n      "))
+            for wave in reruns[r["path"]].waves if r["path"] in reruns else []:
+                print(f"      waveform: {wave}")
+    return 1 if run.failed else 0
+
+
 def _cmd_demo(args: argparse.Namespace) -> int:
     import tempfile
 
@@ -165,6 +191,15 @@ def _parser() -> argparse.ArgumentParser:
 
     bench.add_arguments(p)
     p.set_defaults(func=_cmd_bench)
+
+    p = sub.add_parser("debug-lane", help="files through the lane's cocotb testbench, stage by "
+                                          "stage against the model, waveforms of failures")
+    p.add_argument("paths", nargs="+", metavar="PATH")
+    p.add_argument("--simulator", choices=("verilator", "icarus"), default="verilator")
+    p.add_argument("--max-width", type=int, default=DEFAULT_MAX_WIDTH, help="the lane's line-buffer width")
+    p.add_argument("--valid", type=int, default=100, help="percent of clocks the input offers a beat")
+    p.add_argument("--ready", type=int, default=100, help="percent of clocks the output is ready")
+    p.set_defaults(func=_cmd_debug_lane)
 
     p = sub.add_parser("demo", help="decode real photographs through the model, checked "
                                     "against Pillow")

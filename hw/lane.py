@@ -23,10 +23,10 @@ from amaranth.hdl import ResetInserter
 from amaranth.lib import data, stream, wiring
 from amaranth.lib.wiring import In, Out
 
-from .color import ColorConverter, rgb_pixels
-from .entropy import EntropyDecoder, InputBeat, Status
+from .color import ColorConverter, rgb_pixels, ycbcr_pixels
+from .entropy import CoefBeat, EntropyDecoder, InputBeat, Status
 from .headers import FrameInfo, HeaderParser, HeaderStatus
-from .idct import Idct
+from .idct import Idct, block_rows
 from .planes import PlaneBuffer
 from .upsample import RowUpsampler
 
@@ -62,6 +62,9 @@ class Lane(wiring.Component):
     Args:
         max_width: widest image, in pixels (line-buffer size).
         lanes: the IDCT's rows per clock (4 keeps pace with the entropy decoder).
+        probes: add read-only debug ports that show each beat handed between the stages
+            (for stage-by-stage comparison with the reference model in simulation; they
+            change nothing else).
 
     Ports:
         input: :data:`InputBeat` stream of one file after another, ``last`` on each
@@ -71,18 +74,27 @@ class Lane(wiring.Component):
         info: :data:`FrameInfo` of the current image (valid from the first pixel).
         status: 0, or why the image ended early (valid with ``done``).
         done: pulses once per image, after its last pixel or when it was abandoned.
+        probe_coef, probe_rows, probe_ycc (with ``probes``): ``{fire, beat}``, ``fire``
+            high in a clock where the beat is taken: a :data:`~dlbooster.hw.entropy.CoefBeat`
+            from the entropy decoder, a :func:`~dlbooster.hw.idct.block_rows` beat from
+            the IDCT, a :func:`~dlbooster.hw.color.ycbcr_pixels` beat into colour conversion.
     """
 
-    def __init__(self, max_width: int = 8192, lanes: int = 4):
+    def __init__(self, max_width: int = 8192, lanes: int = 4, probes: bool = False):
         self.max_width = max_width
         self.lanes = lanes
-        super().__init__({
+        self.probes = probes
+        ports = {
             "input": In(stream.Signature(InputBeat)),
             "o": Out(stream.Signature(rgb_pixels(8))),
             "info": Out(FrameInfo),
             "status": Out(8),
             "done": Out(1),
-        })
+        }
+        if probes:
+            for name, layout in (("coef", CoefBeat), ("rows", block_rows(lanes)), ("ycc", ycbcr_pixels(8))):
+                ports[f"probe_{name}"] = Out(data.StructLayout({"fire": 1, "beat": layout}))
+        super().__init__(ports)
 
     def elaborate(self, platform):
         m = Module()
@@ -209,4 +221,7 @@ class Lane(wiring.Component):
                 m.d.sync += scan_done.eq(1)
         with m.If(hp.start):
             m.d.sync += range_fault.eq(0)
+        if self.probes:
+            for probe, port in ((self.probe_coef, ent.coef), (self.probe_rows, idct.o), (self.probe_ycc, color.i)):
+                m.d.comb += [probe.fire.eq(port.valid & port.ready), probe.beat.eq(port.payload)]
         return m

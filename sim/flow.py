@@ -18,6 +18,7 @@ import hashlib
 import os
 import re
 import shutil
+import subprocess
 import tempfile
 from pathlib import Path
 
@@ -71,6 +72,13 @@ def _icarus_time_zero(text: str) -> str:
     return _TRIGGER.sub(lambda m: f"{m.group(0)}\n{m.group(1)}initial #0 {m.group(2)} = 1;", text)
 
 
+def _has_lz4_headers() -> bool:
+    """True when the C++ compiler finds ``lz4.h`` (Debian's liblz4-dev)."""
+    probe = subprocess.run(["c++", "-E", "-x", "c++", "-"], input="#include <lz4.h>\n",
+                           capture_output=True, text=True)
+    return probe.returncode == 0
+
+
 @contextlib.contextmanager
 def _locked(path: Path):
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -101,7 +109,8 @@ def run_cocotb(
         simulator: ``verilator`` or ``icarus``.
         extra_env: environment for the test process (test parameters).
         testcase: run only this test function.
-        waves: dump an FST (Verilator) / VCD (Icarus) waveform into the test folder.
+        waves: dump a waveform into the test folder: FST (Icarus; Verilator when the
+            lz4 headers are installed, else VCD).
 
     Returns:
         ``(tests, failed, test_dir)``; test_dir (results XML, log, waveform) is kept only
@@ -114,7 +123,8 @@ def run_cocotb(
         verilog_text = _icarus_time_zero(verilog_text)
     build_args = ["-Wno-fatal", "-O3"] if simulator == "verilator" else []
     if waves and simulator == "verilator":
-        build_args += ["--trace-fst", "--trace-structs"]
+        # Verilator's FST writer needs the lz4 headers; without them, dump VCD.
+        build_args += ["--trace-fst" if _has_lz4_headers() else "--trace", "--trace-structs"]
     timescale = ("1ns", "1ps")
     options = repr((simulator, waves, build_args, timescale)).encode()
     digest = hashlib.sha256(verilog_text.encode() + options).hexdigest()[:16]
@@ -145,6 +155,9 @@ def run_cocotb(
                           waves=waves, timescale=timescale, results_xml=str(test_dir / "results.xml"),
                           log_file=test_dir / "sim.log")
     tests, failed = get_results(results)
+    if waves:   # Icarus writes its dump next to the build; keep every dump with its run
+        for dump in [*build_dir.glob("*.fst"), *build_dir.glob("*.vcd")]:
+            shutil.move(str(dump), test_dir / dump.name)
     if failed == 0 and not waves:
         shutil.rmtree(test_dir, ignore_errors=True)  # keep only the runs worth reading
     return tests, failed, test_dir

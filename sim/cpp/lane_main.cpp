@@ -5,7 +5,8 @@
 //   result: u32 status, u64 cycles (first input beat to done), u64 info (FrameInfo bits),
 //           u32 n_beats, u32 words, then n_beats x words x u32 output beat payloads
 // The file is offered 4 bytes per clock. A lane that is not done within
-// 64 * n_bytes + 100000 clocks reports status 0xFFFFFFFF and is reset.
+// 64 * n_bytes + 4 * width * height + 100000 clocks (width and height as the lane's
+// FrameInfo reports them) reports status 0xFFFFFFFF and is reset.
 // Verilator spells the ports a__b as a___05Fb.
 #include <cstdint>
 #include <algorithm>
@@ -29,6 +30,7 @@ int main(int argc, char **argv) {
         if (!read_all(bytes.data(), n_bytes) || !read_all(&ready_percent, 4)) return 1;
         std::vector<uint32_t> out;
         uint64_t cycles = 0, bound = 64ull * n_bytes + 100000;
+        bool bound_has_frame = false;
         uint32_t status = 0xFFFFFFFFu;
         Chance chance(1);
         uint64_t info = 0;
@@ -53,6 +55,11 @@ int main(int argc, char **argv) {
             ++cycles;
             if (in_fire) pos += n;
             if (done && pos >= n_bytes) break;
+            if (cycles > bound && !bound_has_frame) {
+                uint64_t frame = top->info;   // FrameInfo: width in bits 0-15, height 16-31
+                bound += 4ull * (frame & 0xFFFF) * ((frame >> 16) & 0xFFFF);
+                bound_has_frame = true;
+            }
             if (cycles > bound) {
                 reset(top, 1);
                 break;

@@ -1,0 +1,213 @@
+"""What the decoder lane must do with a file, and whether it did.
+
+The expectation comes from the host: :func:`dlbooster.jpeg.classify` (the hardware
+profile, SPEC.md section 2), the reference model (:func:`dlbooster.model.decode`, for
+the entropy-data faults and the IDCT range) and Pillow (the pixels).
+
+============  ===========================================  ===============================
+expect        when                                         the lane passes if
+============  ===========================================  ===============================
+``decode``    classify accepts, the model decodes          status 0, RGB == Pillow's
+``fault``     classify accepts, the model raises reason R  status names R (status_reason)
+``stop``      classify rejects for a reason the gateware   status != 0
+              checks (headers, ``after-scan``, width...)
+``prescreen`` classify rejects for Pillow's own header     any status (the runtime's
+              quirks (MPO, junk between segments, pixel    pre-screen sends these files
+              limit, Pillow-only header errors)            to the CPU before the lane)
+============  ===========================================  ===============================
+
+Every file, whatever its class, must also end within :func:`cycle_bound` clocks and put
+out no more than the frame's ``W x H`` pixels.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from .harness import TIMEOUT, LaneResult
+
+__all__ = ["HOST_ONLY_REASONS", "Verdict", "cycle_bound", "expectation", "stage_differences", "verify_lane"]
+
+#: classify() reasons the gateware does not look for (Pillow's behaviour, not the format).
+HOST_ONLY_REASONS = frozenset({"mpo", "junk", "too-large"})
+
+
+def cycle_bound(n_bytes: int, width: int, height: int) -> int:
+    """Clocks within which the lane must finish a file of ``n_bytes`` whose frame header
+    says ``width`` x ``height`` (0 x 0 when it has none): 4 per byte (header bytes take
+    one clock each, the drain and the entropy decoder at most 4 bytes per clock) plus
+    4 per pixel (the measured mean is under 1) plus a fixed 4096 (table loading)."""
+    return 4 * n_bytes + 4 * width * height + 4096
+
+
+@dataclass
+class Verdict:
+    """One file through the lane, judged.
+
+    ``expect`` and ``reason`` are the expectation (module doc), ``status`` and
+    ``status_reason`` what the lane reported, ``ok`` the judgement and ``detail`` why
+    it failed (empty when ok).
+    """
+
+    expect: str
+    reason: str | None
+    status: int
+    status_reason: str | None
+    ok: bool
+    detail: str = ""
+
+
+def expectation(data: bytes, max_width: int) -> tuple[str, str | None, np.ndarray | None, tuple[int, int]]:
+    """``(expect, reason, pillow_rgb or None, (width, height))`` for one file (module doc)."""
+    from dlbooster import jpeg, model
+    from dlbooster.backends import decode_pillow
+    from dlbooster.errors import DecodeError, Malformed
+
+    info = jpeg.parse(data)
+    size = (info.frame.width, info.frame.height) if info.frame is not None else (0, 0)
+    reason = jpeg.classify(info, max_width=max_width)
+    if reason is not None:
+        host_only = reason in HOST_ONLY_REASONS or (
+            reason == "malformed-header" and info.error is None and jpeg.pillow_header_error(info) is not None)
+        return ("prescreen" if host_only else "stop"), reason, None, size
+    try:
+        model.decode(data, info=info, max_width=max_width)
+    except Malformed as exc:
+        return "fault", exc.reason, None, size
+    try:
+        return "decode", None, decode_pillow(data), size
+    except DecodeError as exc:
+        return "fault", exc.reason, None, size
+
+
+def verify_lane(result: LaneResult, data: bytes, max_width: int) -> Verdict:
+    """Judge a :class:`~dlbooster.sim.harness.LaneResult` for ``data`` (module doc)."""
+    from dlbooster.hw.lane import status_reason
+
+    expect, reason, rgb, (width, height) = expectation(data, max_width)
+    if result.status == TIMEOUT:
+        return Verdict(expect, reason, result.status, None, False, "no done: the lane hung")
+    try:
+        got = status_reason(result.status)
+    except ValueError:
+        return Verdict(expect, reason, result.status, None, False, f"unknown status {result.status:#x}")
+    verdict = Verdict(expect, reason, result.status, got, True)
+    problems = []
+    if not (width and height):
+        width, height = result.width, result.height
+    bound = cycle_bound(len(data), width, height)
+    if result.cycles > bound:
+        problems.append(f"{result.cycles} clocks, over the bound {bound}")
+    pixels = result.rgb.shape[0] * result.rgb.shape[1] if result.rgb.ndim == 3 else len(result.rgb)
+    if pixels > width * height:
+        problems.append(f"{pixels} pixels out of a {width}x{height} frame")
+    if expect == "decode":
+        if result.status != 0:
+            problems.append(f"stopped with {result.status:#x} ({got}) on a file Pillow decodes")
+        elif result.rgb.shape != rgb.shape:
+            problems.append(f"shape {result.rgb.shape}, Pillow {rgb.shape}")
+        elif not np.array_equal(result.rgb, rgb):
+            bad = np.argwhere((result.rgb != rgb).any(axis=2))
+            problems.append(f"{len(bad)} pixels differ from Pillow, first at (y, x) = {tuple(bad[0])}")
+    elif expect == "fault" and got != reason:
+        problems.append(f"status {result.status:#x} ({got}), the model says {reason}")
+    elif expect == "stop" and result.status == 0:
+        problems.append(f"decoded a file classify rejects ({reason})")
+    if problems:
+        verdict.ok = False
+        verdict.detail = "; ".join(problems)
+    return verdict
+
+
+def stage_differences(data: bytes, coef_beats: list[int], row_beats: list[int],
+                      ycc_beats: list[int], lanes: int = 4, max_width: int = 8192) -> list[str]:
+    """Where the lane's stages first leave the reference model (a debugging aid).
+
+    Args:
+        data: the file.
+        coef_beats, row_beats, ycc_beats: raw payloads taken on the lane's probe ports
+            (:class:`dlbooster.hw.lane.Lane` with ``probes=True``) in the order they fired:
+            entropy decoder -> IDCT, IDCT -> planes, upsampled planes -> colour conversion.
+        lanes: the lane's IDCT rows per beat.
+
+    Returns:
+        One line per stage that differs (``entropy``, ``idct``, ``upsample``), in pipeline
+        order, naming the first differing block or pixel; empty when every stage agrees
+        or the model does not decode the file (nothing to compare).
+    """
+    from dlbooster import jpeg, model
+    from dlbooster.errors import FallbackError
+    from dlbooster.hw.color import ycbcr_pixels
+    from dlbooster.hw.entropy import CoefBeat
+    from dlbooster.hw.idct import block_rows
+
+    info = jpeg.parse(data)
+    try:
+        out = model.decode(data, info=info, max_width=max_width)
+    except FallbackError:
+        return []
+    frame, scan = info.frame, info.scans[0]
+    lines = []
+
+    got = [np.zeros_like(b) for b in out.coefficients]
+    seen = [np.zeros(b.shape[:2], dtype=bool) for b in out.coefficients]
+    for raw in coef_beats:
+        beat = CoefBeat.from_bits(raw)
+        if beat.by < got[beat.comp].shape[0] and beat.bx < got[beat.comp].shape[1]:
+            seen[beat.comp][beat.by, beat.bx] = True
+            if beat.coef:
+                got[beat.comp][beat.by, beat.bx, beat.index] = beat.value
+    for c, want in enumerate(out.coefficients):
+        bad = ~seen[c] | (got[c] != want).any(axis=2)
+        if bad.any():
+            by, bx = np.argwhere(bad)[0]
+            k = int(np.argmax(got[c][by, bx] != want[by, bx]))
+            lines.append(f"entropy: {int(bad.sum())} blocks of component {c} differ or are missing; "
+                         f"first block (by={by}, bx={bx}): " + (
+                             "never decoded" if not seen[c][by, bx] else
+                             f"coefficient {k} (natural order) is {got[c][by, bx, k]}, "
+                             f"the model has {want[by, bx, k]}"))
+            break
+
+    layout = block_rows(lanes)
+    want_blocks = [model.idct_islow(b, scan.qtables[frame.components[c].tq])[0]
+                   for c, b in enumerate(out.coefficients)]
+    got_blocks = [np.zeros_like(w) for w in want_blocks]
+    for raw in row_beats:
+        beat = layout.from_bits(raw)
+        blocks = got_blocks[beat.comp]
+        if beat.by < blocks.shape[0] and beat.bx < blocks.shape[1]:
+            for q in range(lanes):
+                if beat.row + q < 8:
+                    blocks[beat.by, beat.bx, beat.row + q] = [beat.samples[8 * q + i] for i in range(8)]
+    for c, (g, w) in enumerate(zip(got_blocks, want_blocks)):
+        bad = (g != w).any(axis=(2, 3))
+        if bad.any():
+            by, bx = np.argwhere(bad)[0]
+            lines.append(f"idct: {int(bad.sum())} blocks of component {c} differ; first block "
+                         f"(by={by}, bx={bx}): lane\n{g[by, bx]}\nmodel\n{w[by, bx]}")
+            break
+
+    layout = ycbcr_pixels(8)
+    planes = {"y": [], "cb": [], "cr": []}
+    for raw in ycc_beats:
+        beat = layout.from_bits(raw)
+        for name in planes:
+            planes[name] += [getattr(beat, name)[i] for i in range(beat.n)]
+    h, w = frame.height, frame.width
+    want_planes = out.upsampled if len(out.upsampled) == 3 else [out.upsampled[0], None, None]
+    for name, want in zip(planes, want_planes):
+        have = np.array(planes[name], dtype=np.int64)
+        want = np.full((h, w), 128) if want is None else np.asarray(want, dtype=np.int64)
+        if have.size != h * w:
+            lines.append(f"upsample: {have.size} {name} samples for a {w}x{h} image")
+            break
+        bad = np.argwhere(have.reshape(h, w) != want)
+        if len(bad):
+            y, x = bad[0]
+            lines.append(f"upsample: {len(bad)} {name} samples differ; first at (y={y}, x={x}): "
+                         f"lane {have.reshape(h, w)[y, x]}, model {want[y, x]}")
+            break
+    return lines
