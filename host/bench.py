@@ -61,6 +61,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
             p.add_argument("--max-width", type=int, default=8192, help="the lane's line-buffer width")
             p.add_argument("--all", action="store_true",
                            help="also run the files classify() rejects and check how the lane stops")
+            p.add_argument("--recode", metavar="SUBSAMPLING@QUALITY",
+                           help="re-encode every input with Pillow first, e.g. 4:2:0@90 "
+                                "(subsampling 4:4:4, 4:2:2, 4:2:0 or gray)")
         elif kind == "entropy":
             p.add_argument("--per-file", action="store_true", help="print a row per file")
             p.add_argument("--ready", type=int, default=100,
@@ -84,6 +87,34 @@ def _inputs(args: argparse.Namespace) -> list[tuple[str, bytes]]:
     if args.limit:
         files = files[: args.limit]
     return [(p, Path(p).read_bytes()) for p in files]
+
+
+_RECODE_SUBSAMPLING = {"4:4:4": 0, "4:2:2": 1, "4:2:0": 2, "gray": None}
+
+
+def _recode(files: list[tuple[str, bytes]], spec: str) -> list[tuple[str, bytes]]:
+    """Each decodable input re-encoded by Pillow as ``spec`` = ``SUBSAMPLING@QUALITY``
+    (inputs Pillow cannot open are dropped)."""
+    import io
+
+    from PIL import Image
+
+    sub, _, quality = spec.partition("@")
+    if sub not in _RECODE_SUBSAMPLING or not quality.isdigit() or not 1 <= int(quality) <= 100:
+        raise SystemExit(f"--recode wants SUBSAMPLING@QUALITY with SUBSAMPLING in "
+                         f"{', '.join(_RECODE_SUBSAMPLING)} and QUALITY 1..100, not {spec!r}")
+    out = []
+    for path, data in files:
+        try:
+            with Image.open(io.BytesIO(data)) as im:
+                im = im.convert("L" if sub == "gray" else "RGB")
+        except Exception:  # noqa: BLE001 - not an image Pillow decodes: nothing to recode
+            continue
+        buf = io.BytesIO()
+        options = {} if sub == "gray" else {"subsampling": _RECODE_SUBSAMPLING[sub]}
+        im.save(buf, "JPEG", quality=int(quality), **options)
+        out.append((path, buf.getvalue()))
+    return out
 
 
 def _machine() -> dict:
@@ -385,7 +416,10 @@ def run(args: argparse.Namespace) -> int:
     files = _inputs(args)
     failed = False
     if args.kind == "lane":
+        if args.recode:
+            files = _recode(files, args.recode)
         result = bench_lane(files, args.max_width, args.all)
+        result["recode"] = args.recode
         if args.per_file:
             print(_table(["file", "expect", "status", "pixels", "clocks", "clocks/pixel", "passed"],
                          [[Path(r["path"]).name, r["reason"] or r["expect"], r["status_reason"] or 0,
