@@ -130,6 +130,9 @@ def _cmd_debug_lane(args: argparse.Namespace) -> int:
     run, reruns = debug_lane(paths, simulator=args.simulator, max_width=args.max_width,
                              valid_percent=args.valid, ready_percent=args.ready)
     for r in run.report:
+        if r.get("skipped"):
+            print(f"skip  {r['path']}: {r['skipped']}")
+            continue
         v = r["verdict"]
         state = "ok" if r["ok"] else "FAIL"
         print(f"{state:4}  {r['path']}: expect {v['expect']}{' (' + v['reason'] + ')' if v['reason'] else ''}, "

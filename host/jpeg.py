@@ -11,7 +11,7 @@ and returns ``None`` (hardware-decodable) or a fallback reason code. The checks 
 what libjpeg-turbo (as bundled by Pillow) would do with the same headers, and err on the
 side of sending odd files to the CPU path: a fallback costs time, never correctness.
 
-Reason codes returned by :func:`classify`:
+Reason codes returned by :func:`classify` (also as :data:`REASONS`):
 
 ``not-jpeg``, ``malformed-header``, ``no-frame``, ``no-scan``, ``hierarchical``,
 ``lossless``, ``arithmetic``, ``progressive``, ``precision``, ``components``,
@@ -31,6 +31,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 __all__ = [
+    "REASONS",
     "ZIGZAG",
     "Component",
     "Frame",
@@ -54,6 +55,14 @@ ZIGZAG = np.array(
      58, 59, 52, 45, 38, 31, 39, 46, 53, 60, 61, 54, 47, 55, 62, 63],
     dtype=np.int64,
 )
+
+#: Every reason code :func:`classify` returns (module doc).
+REASONS = frozenset({
+    "not-jpeg", "malformed-header", "no-frame", "no-scan", "hierarchical", "lossless",
+    "arithmetic", "progressive", "precision", "components", "color-transform", "sampling",
+    "non-interleaved", "multi-scan", "dnl", "missing-table", "bad-table", "width",
+    "too-large", "after-scan", "mpo", "junk",
+})
 
 #: Default line-buffer width of a decoder lane, in pixels.
 DEFAULT_MAX_WIDTH = 8192

@@ -14,8 +14,8 @@ is not followed by EOI, which can come after the last pixel); an IDCT range faul
 :func:`dlbooster.hw.idct.block_rows`) is reported as ``0x30`` when the image ends. In
 each case the input is drained and the next image starts cleanly; the host decodes
 such images on the CPU (:func:`status_reason` names the reason as
-:func:`dlbooster.jpeg.classify` would). ``done`` comes once every byte of the file has
-been taken, so the next file may follow at once.
+:func:`dlbooster.jpeg.classify` would). The input takes a file up to its ``last`` beat,
+then nothing until the image's ``done``, so a source may offer the next file at once.
 """
 
 from amaranth import Module, Mux, Signal
@@ -112,7 +112,16 @@ class Lane(wiring.Component):
         for c, u in enumerate(ups):
             m.submodules[f"up{c + 1}"] = u
 
-        wiring.connect(m, wiring.flipped(self.input), hp.input)
+        # Once a file's last beat is in, the next file waits for ``done``: its header
+        # must not restart the stages while this image is still coming out.
+        tail = Signal()
+        m.d.comb += [hp.input.payload.eq(self.input.payload),
+                     hp.input.valid.eq(self.input.valid & ~tail),
+                     self.input.ready.eq(hp.input.ready & ~tail)]
+        with m.If(self.done):
+            m.d.sync += tail.eq(0)
+        with m.Elif(self.input.valid & self.input.ready & self.input.payload.last):
+            m.d.sync += tail.eq(1)
         wiring.connect(m, hp.tables, ent.tables)
         wiring.connect(m, hp.quant, idct.quant)
         wiring.connect(m, hp.entropy, ent.input)

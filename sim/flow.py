@@ -126,7 +126,12 @@ def run_cocotb(
         # Verilator's FST writer needs the lz4 headers; without them, dump VCD.
         build_args += ["--trace-fst" if _has_lz4_headers() else "--trace", "--trace-structs"]
     timescale = ("1ns", "1ps")
-    options = repr((simulator, waves, build_args, timescale)).encode()
+    # The build's makefiles name the cocotb and Verilator installs: another virtual
+    # environment sharing the cache gets its own build.
+    import cocotb_tools.config
+
+    options = repr((simulator, waves, build_args, timescale, str(cocotb_tools.config.share_dir),
+                    os.environ.get("VERILATOR_ROOT"))).encode()
     digest = hashlib.sha256(verilog_text.encode() + options).hexdigest()[:16]
     build_dir = cache_root() / "cocotb" / f"{toplevel}-{simulator}-{digest}"
     source = build_dir / f"{toplevel}.v"
@@ -150,14 +155,18 @@ def run_cocotb(
             else:
                 os.environ["MAKEFLAGS"] = saved
     test_dir = Path(tempfile.mkdtemp(prefix=f"{toplevel}-", dir=cache_root()))
-    results = runner.test(test_module=test_module, hdl_toplevel=toplevel, build_dir=build_dir,
-                          test_dir=test_dir, extra_env=extra_env or {}, testcase=testcase,
-                          waves=waves, timescale=timescale, results_xml=str(test_dir / "results.xml"),
-                          log_file=test_dir / "sim.log")
-    tests, failed = get_results(results)
-    if waves:   # Icarus writes its dump next to the build; keep every dump with its run
-        for dump in [*build_dir.glob("*.fst"), *build_dir.glob("*.vcd")]:
-            shutil.move(str(dump), test_dir / dump.name)
+    # Icarus dumps next to the shared build unless told otherwise; keep each dump with its run.
+    plusargs = [f"+dumpfile_path={test_dir / (toplevel + '.fst')}"] if waves and simulator == "icarus" else []
+    try:
+        runner.test(test_module=test_module, hdl_toplevel=toplevel, build_dir=build_dir,
+                    test_dir=test_dir, extra_env=extra_env or {}, testcase=testcase,
+                    waves=waves, timescale=timescale, results_xml=str(test_dir / "results.xml"),
+                    log_file=test_dir / "sim.log", plusargs=plusargs)
+    except SystemExit:
+        pass   # the runner exits on a failed test; the results file says which
+    if not (test_dir / "results.xml").exists():
+        raise RuntimeError(f"cocotb wrote no results; see {test_dir / 'sim.log'}")
+    tests, failed = get_results(test_dir / "results.xml")
     if failed == 0 and not waves:
         shutil.rmtree(test_dir, ignore_errors=True)  # keep only the runs worth reading
     return tests, failed, test_dir

@@ -2,9 +2,9 @@
 
 ``dlbooster debug-lane FILE...`` uses :func:`debug_lane`: every file goes through the lane
 (generated Verilog with probe ports, on Verilator or Icarus), is judged against
-Pillow/the model (:mod:`dlbooster.sim.verify`), and each stage of the files that fail is
-compared with the reference model; failing files are run again alone with a waveform
-dump (FST on Verilator, VCD on Icarus) whose path is reported.
+Pillow/the model (:mod:`dlbooster.sim.verify`), and each stage of every file the model
+decodes is compared with the model's; failing files are run again alone with a waveform
+dump (FST; VCD on a Verilator without the lz4 headers) whose path is reported.
 """
 
 from __future__ import annotations
@@ -32,7 +32,8 @@ def lane_verilog(max_width: int = 8192, lanes: int = 4) -> str:
 class LaneRun:
     """One testbench run: the per-file ``report`` (see ``sim/lane_tb.py``), the cocotb
     ``test_dir`` (kept when something failed or waves were asked for) and the waveform
-    files in it; ``failed`` lists the report entries that did not pass."""
+    files in it; ``failed`` lists the report entries that did not pass (an empty file is
+    reported with ``skipped``: the lane takes no file without bytes)."""
 
     report: list[dict]
     test_dir: Path
@@ -53,7 +54,7 @@ def run_lane_testbench(paths: list[str | os.PathLike], *, simulator: str = "veri
         simulator: ``verilator`` or ``icarus``.
         valid_percent, ready_percent: percent of clocks the input offers a beat / the
             output is ready (random, from ``seed`` and the file's path).
-        waves: dump a waveform (FST) into ``test_dir``.
+        waves: dump a waveform into ``test_dir`` (see :func:`dlbooster.sim.flow.run_cocotb`).
         verilog: :func:`lane_verilog` output, when the caller already has it.
 
     Raises:

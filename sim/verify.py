@@ -7,17 +7,30 @@ the entropy-data faults and the IDCT range) and Pillow (the pixels).
 ============  ===========================================  ===============================
 expect        when                                         the lane passes if
 ============  ===========================================  ===============================
-``decode``    classify accepts, the model decodes          status 0, RGB == Pillow's
+``decode``    classify accepts, the model decodes          status 0, RGB == Pillow's (a
+                                                           file Pillow rejects fails: the
+                                                           host's profile has a gap)
 ``fault``     classify accepts, the model raises reason R  status names R (status_reason)
-``stop``      classify rejects for a reason the gateware   status != 0
-              checks (headers, ``after-scan``, width...)
+``stop``      classify rejects for a reason the gateware   a header stop (1..16) for the
+              checks                                       reasons the frame and first
+                                                           scan headers decide; an entropy
+                                                           stop (0x21..0x26) for
+                                                           ``after-scan`` and
+                                                           ``multi-scan`` (the first scan
+                                                           decodes, then what follows it
+                                                           is wrong); either for
+                                                           ``malformed-header`` and
+                                                           ``dnl`` (found before or after
+                                                           the scan)
 ``prescreen`` classify rejects for Pillow's own header     any status (the runtime's
               quirks (MPO, junk between segments, pixel    pre-screen sends these files
               limit, Pillow-only header errors)            to the CPU before the lane)
 ============  ===========================================  ===============================
 
-Every file, whatever its class, must also end within :func:`cycle_bound` clocks and put
-out no more than the frame's ``W x H`` pixels.
+Within a class the exact stop code may differ from classify's reason: the gateware
+reports the first problem in file order, classify its own priority. Every file, whatever
+its class, must also end within :func:`cycle_bound` clocks and put out no more than the
+frame's ``W x H`` pixels.
 """
 
 from __future__ import annotations
@@ -28,18 +41,40 @@ import numpy as np
 
 from .harness import TIMEOUT, LaneResult
 
-__all__ = ["HOST_ONLY_REASONS", "Verdict", "cycle_bound", "expectation", "stage_differences", "verify_lane"]
+__all__ = ["HOST_ONLY_REASONS", "Verdict", "cycle_bound", "expectation", "padded_blocks",
+           "stage_differences", "verify_lane"]
 
 #: classify() reasons the gateware does not look for (Pillow's behaviour, not the format).
 HOST_ONLY_REASONS = frozenset({"mpo", "junk", "too-large"})
+#: classify() reasons found only after the first scan, by the entropy decoder.
+AFTER_SCAN_REASONS = frozenset({"after-scan", "multi-scan"})
+#: classify() reasons whose cause may lie before or after the first scan.
+ANYWHERE_REASONS = frozenset({"malformed-header", "dnl"})
 
 
-def cycle_bound(n_bytes: int, width: int, height: int) -> int:
+def padded_blocks(info) -> int:
+    """8x8 blocks of every component in the frame's MCU-padded grid (T.81 A.2); 0 without
+    a frame. Sampling factors outside 1..4 count as 1 (the lane stops on them)."""
+    frame = info.frame
+    if frame is None:
+        return 0
+    comps = frame.components
+    hv = [(c.h if 1 <= c.h <= 4 else 1, c.v if 1 <= c.v <= 4 else 1) for c in comps]
+    if len(comps) == 1:
+        return -(-frame.width // 8) * -(-frame.height // 8)
+    hmax, vmax = max(h for h, _ in hv), max(v for _, v in hv)
+    mcux, mcuy = -(-frame.width // (8 * hmax)), -(-frame.height // (8 * vmax))
+    return mcux * mcuy * sum(h * v for h, v in hv)
+
+
+def cycle_bound(n_bytes: int, blocks: int) -> int:
     """Clocks within which the lane must finish a file of ``n_bytes`` whose frame header
-    says ``width`` x ``height`` (0 x 0 when it has none): 4 per byte (header bytes take
-    one clock each, the drain and the entropy decoder at most 4 bytes per clock) plus
-    4 per pixel (the measured mean is under 1) plus a fixed 4096 (table loading)."""
-    return 4 * n_bytes + 4 * width * height + 4096
+    gives ``blocks`` (:func:`padded_blocks`): 16 per byte (the entropy decoder takes at
+    least one symbol per two clocks and a byte holds at most eight 1-bit codes; header
+    bytes take one clock, a drain a quarter), 64 per block (one per sample; the pixel path
+    needs under one per pixel of all components) and 8192 for table loading (eight
+    256-clock lookahead fills) and pipeline latency."""
+    return 16 * n_bytes + 64 * blocks + 8192
 
 
 @dataclass
@@ -48,7 +83,8 @@ class Verdict:
 
     ``expect`` and ``reason`` are the expectation (module doc), ``status`` and
     ``status_reason`` what the lane reported, ``ok`` the judgement and ``detail`` why
-    it failed (empty when ok).
+    it failed (empty when ok); ``equals_pillow`` whether the lane's RGB equals Pillow's
+    (None when there was nothing to compare).
     """
 
     expect: str
@@ -57,36 +93,46 @@ class Verdict:
     status_reason: str | None
     ok: bool
     detail: str = ""
+    equals_pillow: bool | None = None
 
 
-def expectation(data: bytes, max_width: int) -> tuple[str, str | None, np.ndarray | None, tuple[int, int]]:
-    """``(expect, reason, pillow_rgb or None, (width, height))`` for one file (module doc)."""
+def expectation(data: bytes, max_width: int) -> tuple[str, str | None, np.ndarray | None, object]:
+    """``(expect, reason, pillow_rgb or None, info)`` for one file (module doc; ``info``
+    is :func:`dlbooster.jpeg.parse`'s result)."""
     from dlbooster import jpeg, model
     from dlbooster.backends import decode_pillow
     from dlbooster.errors import DecodeError, Malformed
 
     info = jpeg.parse(data)
-    size = (info.frame.width, info.frame.height) if info.frame is not None else (0, 0)
     reason = jpeg.classify(info, max_width=max_width)
     if reason is not None:
         host_only = reason in HOST_ONLY_REASONS or (
             reason == "malformed-header" and info.error is None and jpeg.pillow_header_error(info) is not None)
-        return ("prescreen" if host_only else "stop"), reason, None, size
+        return ("prescreen" if host_only else "stop"), reason, None, info
     try:
         model.decode(data, info=info, max_width=max_width)
     except Malformed as exc:
-        return "fault", exc.reason, None, size
+        return "fault", exc.reason, None, info
     try:
-        return "decode", None, decode_pillow(data), size
-    except DecodeError as exc:
-        return "fault", exc.reason, None, size
+        return "decode", None, decode_pillow(data), info
+    except DecodeError:
+        return "decode", None, None, info
+
+
+def _stop_allowed(reason: str, status: int) -> bool:
+    header, entropy = 1 <= status <= 16, 0x21 <= status <= 0x26
+    if reason in AFTER_SCAN_REASONS:
+        return entropy
+    if reason in ANYWHERE_REASONS:
+        return header or entropy
+    return header
 
 
 def verify_lane(result: LaneResult, data: bytes, max_width: int) -> Verdict:
     """Judge a :class:`~dlbooster.sim.harness.LaneResult` for ``data`` (module doc)."""
     from dlbooster.hw.lane import status_reason
 
-    expect, reason, rgb, (width, height) = expectation(data, max_width)
+    expect, reason, rgb, info = expectation(data, max_width)
     if result.status == TIMEOUT:
         return Verdict(expect, reason, result.status, None, False, "no done: the lane hung")
     try:
@@ -95,26 +141,33 @@ def verify_lane(result: LaneResult, data: bytes, max_width: int) -> Verdict:
         return Verdict(expect, reason, result.status, None, False, f"unknown status {result.status:#x}")
     verdict = Verdict(expect, reason, result.status, got, True)
     problems = []
-    if not (width and height):
+    if info.frame is not None:
+        width, height = info.frame.width, info.frame.height
+    else:
         width, height = result.width, result.height
-    bound = cycle_bound(len(data), width, height)
+    bound = cycle_bound(len(data), padded_blocks(info))
     if result.cycles > bound:
         problems.append(f"{result.cycles} clocks, over the bound {bound}")
     pixels = result.rgb.shape[0] * result.rgb.shape[1] if result.rgb.ndim == 3 else len(result.rgb)
     if pixels > width * height:
         problems.append(f"{pixels} pixels out of a {width}x{height} frame")
     if expect == "decode":
-        if result.status != 0:
+        if rgb is None:
+            problems.append("Pillow rejects a file classify accepts and the model decodes")
+        elif result.status != 0:
             problems.append(f"stopped with {result.status:#x} ({got}) on a file Pillow decodes")
         elif result.rgb.shape != rgb.shape:
+            verdict.equals_pillow = False
             problems.append(f"shape {result.rgb.shape}, Pillow {rgb.shape}")
-        elif not np.array_equal(result.rgb, rgb):
-            bad = np.argwhere((result.rgb != rgb).any(axis=2))
-            problems.append(f"{len(bad)} pixels differ from Pillow, first at (y, x) = {tuple(bad[0])}")
+        else:
+            verdict.equals_pillow = bool(np.array_equal(result.rgb, rgb))
+            if not verdict.equals_pillow:
+                bad = np.argwhere((result.rgb != rgb).any(axis=2))
+                problems.append(f"{len(bad)} pixels differ from Pillow, first at (y, x) = {tuple(bad[0])}")
     elif expect == "fault" and got != reason:
         problems.append(f"status {result.status:#x} ({got}), the model says {reason}")
-    elif expect == "stop" and result.status == 0:
-        problems.append(f"decoded a file classify rejects ({reason})")
+    elif expect == "stop" and not _stop_allowed(reason, result.status):
+        problems.append(f"status {result.status:#x} ({got}) for a file classify rejects as {reason}")
     if problems:
         verdict.ok = False
         verdict.detail = "; ".join(problems)
@@ -151,14 +204,22 @@ def stage_differences(data: bytes, coef_beats: list[int], row_beats: list[int],
     frame, scan = info.frame, info.scans[0]
     lines = []
 
+    def inside(grids, comp, by, bx):
+        return comp < len(grids) and by < grids[comp].shape[0] and bx < grids[comp].shape[1]
+
     got = [np.zeros_like(b) for b in out.coefficients]
     seen = [np.zeros(b.shape[:2], dtype=bool) for b in out.coefficients]
+    outside = 0
     for raw in coef_beats:
         beat = CoefBeat.from_bits(raw)
-        if beat.by < got[beat.comp].shape[0] and beat.bx < got[beat.comp].shape[1]:
-            seen[beat.comp][beat.by, beat.bx] = True
-            if beat.coef:
-                got[beat.comp][beat.by, beat.bx, beat.index] = beat.value
+        if not inside(got, beat.comp, beat.by, beat.bx):
+            outside += 1
+            continue
+        seen[beat.comp][beat.by, beat.bx] = True
+        if beat.coef:
+            got[beat.comp][beat.by, beat.bx, beat.index] = beat.value
+    if outside:
+        lines.append(f"entropy: {outside} coefficient beats for blocks outside the image's grid")
     for c, want in enumerate(out.coefficients):
         bad = ~seen[c] | (got[c] != want).any(axis=2)
         if bad.any():
@@ -175,19 +236,26 @@ def stage_differences(data: bytes, coef_beats: list[int], row_beats: list[int],
     want_blocks = [model.idct_islow(b, scan.qtables[frame.components[c].tq])[0]
                    for c, b in enumerate(out.coefficients)]
     got_blocks = [np.zeros_like(w) for w in want_blocks]
+    rows_seen = [np.zeros(w.shape[:2], dtype=np.int64) for w in want_blocks]
+    outside = 0
     for raw in row_beats:
         beat = layout.from_bits(raw)
-        blocks = got_blocks[beat.comp]
-        if beat.by < blocks.shape[0] and beat.bx < blocks.shape[1]:
-            for q in range(lanes):
-                if beat.row + q < 8:
-                    blocks[beat.by, beat.bx, beat.row + q] = [beat.samples[8 * q + i] for i in range(8)]
+        if not inside(got_blocks, beat.comp, beat.by, beat.bx):
+            outside += 1
+            continue
+        rows_seen[beat.comp][beat.by, beat.bx] += lanes
+        for q in range(lanes):
+            if beat.row + q < 8:
+                got_blocks[beat.comp][beat.by, beat.bx, beat.row + q] = [beat.samples[8 * q + i] for i in range(8)]
+    if outside:
+        lines.append(f"idct: {outside} row beats for blocks outside the image's grid")
     for c, (g, w) in enumerate(zip(got_blocks, want_blocks)):
-        bad = (g != w).any(axis=(2, 3))
+        bad = (g != w).any(axis=(2, 3)) | (rows_seen[c] != 8)
         if bad.any():
             by, bx = np.argwhere(bad)[0]
-            lines.append(f"idct: {int(bad.sum())} blocks of component {c} differ; first block "
-                         f"(by={by}, bx={bx}): lane\n{g[by, bx]}\nmodel\n{w[by, bx]}")
+            lines.append(f"idct: {int(bad.sum())} blocks of component {c} differ or have not 8 rows; "
+                         f"first block (by={by}, bx={bx}), {rows_seen[c][by, bx]} rows: lane\n{g[by, bx]}\n"
+                         f"model\n{w[by, bx]}")
             break
 
     layout = ycbcr_pixels(8)

@@ -215,6 +215,17 @@ def segment(marker: int, body: bytes) -> bytes:
     return bytes([0xFF, marker]) + struct.pack(">H", len(body) + 2) + body
 
 
+def one_code_tables_jpeg() -> bytes:
+    """8x8 gray JPEG (about 100 bytes) whose DC and AC tables each hold a single 1-bit
+    code (DC size 0, EOB): a flat 128 image. The shortest header a lane meets; loading its
+    last table ends with a long lookahead fill."""
+    one_code = bytes([1] + [0] * 15)
+    return (b"\xff\xd8" + segment(0xDB, b"\x00" + bytes([1] * 64))
+            + segment(0xC0, b"\x08\x00\x08\x00\x08\x01\x01\x11\x00")
+            + segment(0xC4, b"\x00" + one_code + b"\x00" + b"\x10" + one_code + b"\x00")
+            + segment(0xDA, b"\x01\x01\x00\x00\x3f\x00") + b"\x3f" + b"\xff\xd9")
+
+
 def sos_segment(components, ss=0, se=63, ah=0, al=0) -> bytes:
     """SOS for ``components`` = [(component id, td, ta), ...]."""
     body = bytes([len(components)])

@@ -19,7 +19,7 @@ from dlbooster import jpeg
 from dlbooster.hw.entropy import EntropyDecoder
 from dlbooster.sim.flow import export_verilog, run_cocotb, simulator_available
 
-from jpegtools import CORPUS_DIR, EncoderRefused, corpus_available, make_jpeg
+from jpegtools import CORPUS_DIR, EncoderRefused, corpus_available, make_jpeg, one_code_tables_jpeg
 
 GENERATED = [
     # (width, height, options)
@@ -36,20 +36,6 @@ GENERATED = [
     (31, 15, {"subsampling": "gray", "quality": 95, "restart_blocks": 2}),
     (24, 24, {"subsampling": 0, "qtables": [[300 + (i % 7) for i in range(64)]] * 2}),
 ]
-
-
-def _one_code_tables_jpeg() -> bytes:
-    """8x8 gray JPEG whose DC and AC tables each hold a single 1-bit code (DC size 0,
-    EOB): loading the last table ends with a long lookahead fill, and the scan must not
-    start decoding before the fill is done (the previous file left other tables there)."""
-    def segment(marker: int, body: bytes) -> bytes:
-        return bytes([0xFF, marker]) + (len(body) + 2).to_bytes(2, "big") + body
-
-    one_code = bytes([1] + [0] * 15)
-    return (b"\xff\xd8" + segment(0xDB, b"\x00" + bytes([1] * 64))
-            + segment(0xC0, b"\x08\x00\x08\x00\x08\x01\x01\x11\x00")
-            + segment(0xC4, b"\x00" + one_code + b"\x00" + b"\x10" + one_code + b"\x00")
-            + segment(0xDA, b"\x01\x01\x00\x00\x3f\x00") + b"\x3f" + b"\xff\xd9")
 
 
 def _mutations(data: bytes, rng: random.Random) -> list[bytes]:
@@ -87,7 +73,7 @@ def vectors(tmp_path_factory):
         files.append((f"gen{i}", data))
         if i % 3 == 0:
             files += [(f"gen{i}_bad{j}", m) for j, m in enumerate(_mutations(data, rng))]
-    one_code = _one_code_tables_jpeg()
+    one_code = one_code_tables_jpeg()
     assert jpeg.classify(jpeg.parse(one_code)) is None
     files.insert(len(files) // 2, ("one_code_tables", one_code))
     if corpus_available():

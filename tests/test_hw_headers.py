@@ -30,6 +30,11 @@ from jpegtools import CORPUS_DIR, corpus_rows, feature_subset, gen, photo_crop, 
 REASONS = {s.reason: s for s in HeaderStatus if s not in (HeaderStatus.OK, HeaderStatus.MALFORMED)}
 
 
+def test_stop_codes_name_classify_reasons():
+    assert set(REASONS) | {HeaderStatus.MALFORMED.reason} <= jpeg.REASONS
+    assert len(REASONS) == len(HeaderStatus) - 2
+
+
 def parse_in_hardware(files: list[bytes], max_width: int = 8192, seed: int = 1):
     """Feed files back to back (4-byte beats, random gaps and back-pressure); returns per
     file a dict of status, info, table writes, quant writes, scan config, forwarded bytes."""

@@ -17,46 +17,56 @@ from dlbooster.hw.headers import HeaderStatus
 from dlbooster.hw.entropy import Status
 from dlbooster.hw.lane import STATUS_ENTROPY, Lane, status_reason
 
-from jpegtools import gen, segment
+from jpegtools import gen, one_code_tables_jpeg, segment
 
 
-def run_lane(files: list[bytes], max_width: int = 64, seed: int = 1, ready_percent: int = 100):
-    """Decode files back to back; per file (status, pixels uint8 (N, 3), row ends)."""
+def run_lane(files: list[bytes], max_width: int = 64, seed: int = 1, ready_percent: int = 100,
+             back_to_back: bool = False):
+    """Decode files one after another; per file (status, pixels uint8 (N, 3), row ends).
+
+    With ``back_to_back`` the next file's beats are offered as soon as the previous file's
+    last beat was taken (the lane must hold them off until ``done``); else only after
+    ``done`` and three idle clocks.
+    """
     dut = Lane(max_width=max_width, lanes=4)
     rng = random.Random(seed)
     results = []
+    beats = [(k, data[i:i + 4], i + 4 >= len(data)) for k, data in enumerate(files)
+             for i in range(0, len(data), 4)]
+    bound = sum(64 * len(data) + 20000 for data in files)
 
     async def bench(ctx):
-        for data in files:
-            pending = [data[i:i + 4] for i in range(0, len(data), 4)]
-            pixels, row_ends, status, clocks = [], [], None, 0
-            while status is None:
-                offer = bool(pending) and rng.random() < 0.9
-                if offer:
-                    chunk = pending[0]
-                    ctx.set(dut.input.payload, {"data": int.from_bytes(chunk, "little"),
-                                                "n": len(chunk), "last": len(pending) == 1})
-                ctx.set(dut.input.valid, offer)
-                ready = rng.random() * 100 < ready_percent
-                ctx.set(dut.o.ready, ready)
-                if ready and ctx.get(dut.o.valid):
-                    o = ctx.get(dut.o.payload)
-                    pixels += [[o.rgb[k][c] for c in range(3)] for k in range(o.n)]
-                    if o.row_end:
-                        row_ends.append(len(pixels))
-                if ctx.get(dut.done):
-                    status = ctx.get(dut.status)
-                took = offer and ctx.get(dut.input.ready)
-                await ctx.tick()
-                clocks += 1
-                if took:
-                    pending.pop(0)
-                assert clocks < 64 * len(data) + 20000, "lane stuck"
-            assert not pending, "the lane ended an image before taking all of its bytes"
-            ctx.set(dut.input.valid, 0)
-            for _ in range(3):
-                await ctx.tick()
-            results.append((status, np.array(pixels, dtype=np.uint8).reshape(-1, 3), row_ends))
+        pixels, row_ends, idle, clocks = [], [], 0, 0
+        while len(results) < len(files):
+            offer = (bool(beats) and rng.random() < 0.9 and idle == 0
+                     and (back_to_back or beats[0][0] == len(results)))
+            if offer:
+                _, chunk, last = beats[0]
+                ctx.set(dut.input.payload, {"data": int.from_bytes(chunk, "little"),
+                                            "n": len(chunk), "last": last})
+            ctx.set(dut.input.valid, offer)
+            ready = rng.random() * 100 < ready_percent
+            ctx.set(dut.o.ready, ready)
+            if ready and ctx.get(dut.o.valid):
+                o = ctx.get(dut.o.payload)
+                pixels += [[o.rgb[k][c] for c in range(3)] for k in range(o.n)]
+                if o.row_end:
+                    row_ends.append(len(pixels))
+            done = ctx.get(dut.done)
+            status = ctx.get(dut.status)
+            took = offer and ctx.get(dut.input.ready)
+            await ctx.tick()
+            clocks += 1
+            idle = max(0, idle - 1)
+            if took:
+                beats.pop(0)
+            if done:
+                assert not beats or beats[0][0] > len(results), \
+                    "the lane ended an image before taking all of its bytes"
+                results.append((status, np.array(pixels, dtype=np.uint8).reshape(-1, 3), row_ends))
+                pixels, row_ends = [], []
+                idle = 0 if back_to_back else 3
+            assert clocks < bound, "lane stuck"
 
     sim = Simulator(dut)
     sim.add_clock(1e-8)
@@ -103,13 +113,21 @@ def _entropy_fault(data: bytes) -> bytes:
     return data[:scan.data_start] + body + data[scan.data_end:]
 
 
-def test_stops_and_recovers():
+@pytest.mark.parametrize("back_to_back", [False, True], ids=["after_done", "back_to_back"])
+def test_stops_and_recovers(back_to_back):
+    """Stops of each kind with good files between them; back to back, a 100-byte file
+    arrives while the image before it still has a band of rows to put out (slowly)."""
     good = gen(20, 12, subsampling=2, quality=70)
     progressive = gen(16, 16, subsampling=2, progressive=True)
     too_wide = gen(80, 8, subsampling=0, quality=70)
     faulty = _entropy_fault(gen(24, 24, subsampling=0, quality=90))
     files = [progressive, good, too_wide, good, faulty, good]
-    results = run_lane(files, seed=3)
+    if back_to_back:
+        files += [gen(64, 32, subsampling=0, quality=95), one_code_tables_jpeg()]
+    results = run_lane(files, seed=3, back_to_back=back_to_back, ready_percent=20 if back_to_back else 100)
+    assert len(results) == len(files)
+    for k in range(6, len(files)):
+        _assert_pillow(files[k], results[k])
     assert results[0][0] == HeaderStatus.PROGRESSIVE and len(results[0][1]) == 0
     assert results[2][0] == HeaderStatus.WIDTH
     assert results[4][0] & 0xF0 == STATUS_ENTROPY and results[4][0] != STATUS_ENTROPY

@@ -166,7 +166,7 @@ def test_lane_harness_generated(lane):
 def _one_per_reason(rows, max_bytes: int = 200_000) -> list[dict]:
     picked: dict[str, dict] = {}
     for r in sorted(rows, key=lambda r: int(r["size"])):
-        if int(r["size"]) > max_bytes:
+        if not 0 < int(r["size"]) <= max_bytes:     # the lane takes no empty file
             continue
         data = (CORPUS_DIR / r["path"]).read_bytes()
         reason = jpeg.classify(jpeg.parse(data))
@@ -246,6 +246,8 @@ def test_stage_differences_names_the_first_stage(subsampling):
     assert len(lines) == 1 and lines[0].startswith("entropy: 1 blocks of component 0")
 
     lines = stage_differences(data, coef, rows[:-1], ycc)
+    assert len(lines) == 1 and lines[0].startswith("idct: 1 blocks")
+    lines = stage_differences(data, coef, rows + rows[-1:], ycc)     # a block given twice
     assert len(lines) == 1 and lines[0].startswith("idct: 1 blocks")
 
     bad = list(ycc)

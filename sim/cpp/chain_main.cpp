@@ -45,7 +45,7 @@ int main(int argc, char **argv) {
         for (uint32_t w : writes) {
             top->tables___05Fpayload = w;
             top->tables___05Fvalid = 1;
-            top->eval();
+            settle(top);
             while (!top->tables___05Fready) tick(top);  // the lookahead fill holds the writes
             tick(top);
         }
@@ -79,7 +79,7 @@ int main(int argc, char **argv) {
             top->input___05Fvalid = have;
             bool ready = chance(ready_percent);
             top->o___05Fready = ready;
-            top->eval();
+            settle(top);
             bool in_fire = have && top->input___05Fready;
             if (top->o___05Fvalid && ready) {
                 push_words(rows, top->o___05Fpayload);
@@ -90,7 +90,7 @@ int main(int argc, char **argv) {
                 symbols = top->symbols;
                 done_cycles = cycles + 1;  // clocks up to and including this one, as the entropy harness counts
             }
-            tick(top);
+            rise(top);
             ++cycles;
             if (in_fire) pos += n;
             if (finished && status != 0) {  // drop what a faulty scan left in flight

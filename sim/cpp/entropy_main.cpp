@@ -34,7 +34,7 @@ int main(int argc, char **argv) {
         for (uint32_t w : writes) {
             top->tables___05Fpayload = w;
             top->tables___05Fvalid = 1;
-            top->eval();
+            settle(top);
             while (!top->tables___05Fready) {  // the lookahead fill holds the writes
                 tick(top);
             }
@@ -63,7 +63,7 @@ int main(int argc, char **argv) {
             top->input___05Fvalid = have;
             bool ready = chance(ready_percent);
             top->coef___05Fready = ready;
-            top->eval();
+            settle(top);
             bool in_fire = have && top->input___05Fready;
             if (top->coef___05Fvalid && ready) {
                 lows.push_back((uint64_t)top->coef___05Fpayload[0] | ((uint64_t)top->coef___05Fpayload[1] << 32));
@@ -72,7 +72,7 @@ int main(int argc, char **argv) {
             bool done = top->done;
             if (done) status = top->status;
             uint32_t symbols = top->symbols;
-            tick(top);
+            rise(top);
             ++cycles;
             if (in_fire) pos += n;
             if (done) {

@@ -10,12 +10,21 @@ static inline bool read_all(void *dst, size_t n) { return fread(dst, 1, n, stdin
 
 template <class T> static inline void write_value(const T &value) { fwrite(&value, sizeof value, 1, stdout); }
 
-// One rising edge, then the falling edge.
-template <class Top> static inline void tick(Top *top) {
-    top->clk = 1;
-    top->eval();
+// A clock cycle is settle() (clock low: the inputs set since the last edge propagate;
+// outputs may be read) then rise() (the rising edge): two evaluations per cycle.
+template <class Top> static inline void settle(Top *top) {
     top->clk = 0;
     top->eval();
+}
+
+template <class Top> static inline void rise(Top *top) {
+    top->clk = 1;
+    top->eval();
+}
+
+template <class Top> static inline void tick(Top *top) {
+    settle(top);
+    rise(top);
 }
 
 // Two clocks with rst high (power-up), or one (recovery between jobs).

@@ -65,7 +65,7 @@ int main(int argc, char **argv) {
             }
             top->coef___05Fvalid = offer;
             top->o___05Fready = ready;
-            top->eval();
+            settle(top);
             bool fire = offer && top->coef___05Fready;
             if (fire && pos == first_end) last0 = cycles;
 
@@ -73,7 +73,7 @@ int main(int argc, char **argv) {
                 if (out.empty()) latency = (uint32_t)(cycles - last0);
                 push_words(out, top->o___05Fpayload);
             }
-            tick(top);
+            rise(top);
             ++cycles;
             if (fire) ++pos;
         }

@@ -43,7 +43,7 @@ int main(int argc, char **argv) {
             top->input___05Fvalid = have;
             bool ready = chance(ready_percent);
             top->o___05Fready = ready;
-            top->eval();
+            settle(top);
             bool in_fire = have && top->input___05Fready;
             if (top->o___05Fvalid && ready) push_words(out, top->o___05Fpayload);
             bool done = top->done;
@@ -51,7 +51,7 @@ int main(int argc, char **argv) {
                 status = top->status;
                 info = top->info;
             }
-            tick(top);
+            rise(top);
             ++cycles;
             if (in_fire) pos += n;
             if (done && pos >= n_bytes) break;
