@@ -22,7 +22,8 @@ import subprocess
 import tempfile
 from pathlib import Path
 
-__all__ = ["cache_root", "toolchain_env", "export_verilog", "simulator_available", "run_cocotb"]
+__all__ = ["cache_root", "toolchain_env", "export_verilog", "export_flat_verilog", "simulator_available",
+           "run_cocotb"]
 
 
 def cache_root() -> Path:
@@ -56,6 +57,24 @@ def export_verilog(component, name: str) -> str:
     from amaranth.back import verilog
 
     return verilog.convert(component, name=name, emit_src=False)
+
+
+def export_flat_verilog(component, name: str) -> str:
+    """Verilog of ``component`` as one flattened, optimised module ``name``, for the C++
+    Verilator harnesses: Amaranth's RTLIL through the Yosys that Amaranth bundles
+    (``proc; flatten; opt -full; wreduce; opt_clean; memory_collect``). Verilator then
+    simulates the lane about 2.3 times faster than from :func:`export_verilog` (same
+    outputs and clock counts; docs/benchmarks.md) and builds it in half the time. The
+    top-level ports keep their names."""
+    from amaranth._toolchain.yosys import find_yosys
+    from amaranth.back import rtlil
+
+    text = rtlil.convert(component, name=name, emit_src=False)
+    # The version bound is the one amaranth.back.verilog asks for.
+    yosys = find_yosys(lambda version: version >= (0, 40))
+    script = [f"read_rtlil <<rtlil\n{text}\nrtlil", "proc", "flatten", "opt -full", "wreduce",
+              "opt_clean -purge", "memory_collect", "opt_clean", "write_verilog -norename -noattr"]
+    return yosys.run(["-q", "-"], "\n".join(script), ignore_warnings=True)
 
 
 _TRIGGER = re.compile(r"^(\s*)reg (\\\$auto\$verilog_backend\S*)\s*= 0;$", re.M)

@@ -3,7 +3,8 @@
 cocotb drives the core one clock at a time from Python (a few thousand clocks per
 second); this harness runs the clocks in C++ (``sim/cpp/entropy_main.cpp``), millions
 per second, for benchmarks and full-corpus checks. The executable is built on first use
-and cached by a hash of the Verilog and the harness source (see :mod:`dlbooster.sim.flow`).
+and cached by a hash of the flattened Verilog (:func:`dlbooster.sim.flow.export_flat_verilog`)
+and the harness source.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .flow import _locked, cache_root, export_verilog, toolchain_env
+from .flow import _locked, cache_root, export_flat_verilog, toolchain_env
 
 __all__ = ["EntropyHarness", "HarnessResult", "IdctHarness", "IdctResult", "blocks_from_beats",
            "build_chain_harness", "build_entropy_harness", "build_idct_harness", "pack",
@@ -33,7 +34,7 @@ TIMEOUT = 0xFFFFFFFF
 def _build_harness(component, top: str, cpp: Path, exe_name: str, cflags: str = "") -> Path:
     """Build (or reuse) a Verilator executable of ``component`` driven by ``cpp``."""
     toolchain_env()
-    verilog = export_verilog(component, top)
+    verilog = export_flat_verilog(component, top)
     source = cpp.read_text() + (cpp.parent / "harness.h").read_text()
     cmd_flags = ["--cc", "--exe", "--build", "-j", "2", "-O3", "--x-assign", "fast", "--x-initial",
                  "fast", "-Wno-fatal", "--top-module", top, "-CFLAGS", f"-O2 {cflags}".strip()]
