@@ -441,13 +441,6 @@ class LaneHarness(_Process):
     def __init__(self, max_width: int = 8192, lanes: int = 4):
         super().__init__(build_lane_harness(max_width, lanes), "lane harness")
 
-    def close(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.stdin.write(struct.pack("<I", 0xFFFFFFFF))
-            self.proc.stdin.close()
-            self.proc.wait()
-        self.proc.stdout.close()
-
     def decode(self, data: bytes, *, ready_percent: int = 100) -> LaneResult:
         """Decode one file (offered 4 bytes per clock).
 
