@@ -40,6 +40,8 @@ __all__ = [
     "JpegInfo",
     "parse",
     "classify",
+    "HOST_ONLY_REASONS",
+    "host_prescreen",
     "pillow_header_error",
     "DEFAULT_MAX_WIDTH",
     "PILLOW_MAX_PIXELS",
@@ -636,4 +638,23 @@ def classify(
         return "too-large"
     if pillow_header_error(info) is not None:
         return "malformed-header"
+    return None
+
+
+#: :func:`classify` reasons the gateware does not look for: Pillow's behaviour, not the
+#: format's (MPO files, junk between segments, Pillow's pixel limit).
+HOST_ONLY_REASONS = frozenset({"mpo", "junk", "too-large"})
+
+
+def host_prescreen(info: JpegInfo, *, max_width: int = DEFAULT_MAX_WIDTH) -> str | None:
+    """The runtime's pre-screen: the :func:`classify` reason of a file that must go to the
+    CPU path before any device sees it, because the decoder's own header checks would let
+    it through while Pillow treats it differently (:data:`HOST_ONLY_REASONS`, or a header
+    only Pillow's parser rejects); None for every other file, including the ones the
+    device itself stops on.
+    """
+    reason = classify(info, max_width=max_width)
+    if reason in HOST_ONLY_REASONS or (
+            reason == "malformed-header" and info.error is None and pillow_header_error(info) is not None):
+        return reason
     return None

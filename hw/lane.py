@@ -74,6 +74,8 @@ class Lane(wiring.Component):
         info: :data:`FrameInfo` of the current image (valid from the first pixel).
         status: 0, or why the image ended early (valid with ``done``).
         done: pulses once per image, after its last pixel or when it was abandoned.
+        start: pulses when the scan starts; ``info`` is valid from then on.
+        symbols: Huffman symbols the entropy decoder decoded in this image's scan.
         probe_coef, probe_rows, probe_ycc (with ``probes``): ``{fire, beat}``, ``fire``
             high in a clock where the beat is taken: a :data:`~dlbooster.hw.entropy.CoefBeat`
             from the entropy decoder, a :func:`~dlbooster.hw.idct.block_rows` beat from
@@ -90,6 +92,8 @@ class Lane(wiring.Component):
             "info": Out(FrameInfo),
             "status": Out(8),
             "done": Out(1),
+            "start": Out(1),
+            "symbols": Out(32),
         }
         if probes:
             for name, layout in (("coef", CoefBeat), ("rows", block_rows(lanes)), ("ycc", ycbcr_pixels(8))):
@@ -126,7 +130,8 @@ class Lane(wiring.Component):
         wiring.connect(m, hp.quant, idct.quant)
         wiring.connect(m, hp.entropy, ent.input)
         wiring.connect(m, ent.coef, idct.coef)
-        m.d.comb += [ent.scan.eq(hp.scan), ent.start.eq(hp.start), self.info.eq(hp.info)]
+        m.d.comb += [ent.scan.eq(hp.scan), ent.start.eq(hp.start), self.info.eq(hp.info),
+                     self.start.eq(hp.start), self.symbols.eq(ent.symbols)]
 
         # Plane geometry (T.81 A.1.1): luma is the image, chroma ceil(W / h0) x ceil(H / v0).
         info, scan = hp.info, hp.scan

@@ -41,11 +41,9 @@ import numpy as np
 
 from .harness import TIMEOUT, LaneResult
 
-__all__ = ["HOST_ONLY_REASONS", "Verdict", "cycle_bound", "expectation", "padded_blocks",
+__all__ = ["Verdict", "cycle_bound", "expectation", "padded_blocks",
            "stage_differences", "verify_lane"]
 
-#: classify() reasons the gateware does not look for (Pillow's behaviour, not the format).
-HOST_ONLY_REASONS = frozenset({"mpo", "junk", "too-large"})
 #: classify() reasons found only after the first scan, by the entropy decoder.
 AFTER_SCAN_REASONS = frozenset({"after-scan", "multi-scan"})
 #: classify() reasons whose cause may lie before or after the first scan.
@@ -106,8 +104,7 @@ def expectation(data: bytes, max_width: int) -> tuple[str, str | None, np.ndarra
     info = jpeg.parse(data)
     reason = jpeg.classify(info, max_width=max_width)
     if reason is not None:
-        host_only = reason in HOST_ONLY_REASONS or (
-            reason == "malformed-header" and info.error is None and jpeg.pillow_header_error(info) is not None)
+        host_only = jpeg.host_prescreen(info, max_width=max_width) is not None
         return ("prescreen" if host_only else "stop"), reason, None, info
     try:
         model.decode(data, info=info, max_width=max_width)

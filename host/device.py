@@ -1,0 +1,222 @@
+"""Host driver of the decoder device: register programming, job submission, completions.
+
+:class:`DecoderDevice` is the one driver for every kind of device; only its *transport*
+differs: the simulated device (:class:`dlbooster.sim.device.SimTransport`) and the
+boards' pynq/XRT transports. A transport provides
+
+- ``read32(offset)`` / ``write32(offset, value)``: 32-bit register access (MMIO);
+- ``allocate(size, writable=True)``: a buffer with ``device_address``, a uint8 numpy
+  ``array`` view and ``sync_to_device()`` / ``sync_from_device()`` / ``free()``;
+- ``wait(max_clocks)``: block until the device's interrupt is raised (True) or give up
+  (False); ``reset()``.
+
+The register map and statuses are :mod:`dlbooster.hw.regs`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from .hw.regs import MAGIC, Ctrl, Irq, Reg, device_reason
+
+__all__ = ["Completion", "DecoderDevice", "DeviceError", "JobOutcome"]
+
+
+class DeviceError(RuntimeError):
+    """The device is absent, not a dlbooster decoder, or stopped answering."""
+
+
+@dataclass(frozen=True)
+class Completion:
+    """One completion as the device reports it.
+
+    Attributes:
+        job_id: the id given at submission.
+        status: 0 (decoded), a lane status (< 0x40) or a :class:`~dlbooster.hw.regs.DeviceStatus`.
+        lane: the lane that ran the job.
+        width, height: the frame's size in pixels (0 when the header was not reached).
+        bytes_written: bytes written to the output buffer.
+        clocks: device clocks from taking the job to completing it.
+        symbols: Huffman symbols decoded.
+    """
+
+    job_id: int
+    status: int
+    lane: int
+    width: int
+    height: int
+    bytes_written: int
+    clocks: int
+    symbols: int
+
+    @property
+    def reason(self) -> str | None:
+        """The status's reason code (None for 0), as :func:`dlbooster.hw.regs.device_reason`."""
+        return device_reason(self.status)
+
+
+@dataclass
+class JobOutcome:
+    """One input of :meth:`DecoderDevice.decode_batch`: its completion and, when the status
+    is 0, the (H, W, 3) uint8 image (a copy, owned by the caller)."""
+
+    completion: Completion
+    image: np.ndarray | None = field(default=None, repr=False)
+
+
+class DecoderDevice:
+    """Drives one decoder device through a transport (see the module docstring).
+
+    Raises:
+        DeviceError: the ID register does not hold :data:`~dlbooster.hw.regs.MAGIC`.
+    """
+
+    def __init__(self, transport):
+        self.transport = transport
+        self._configure()
+
+    def _configure(self) -> None:
+        t = self.transport
+        ident = t.read32(Reg.ID)
+        if ident != MAGIC:
+            raise DeviceError(f"not a dlbooster decoder (ID register 0x{ident:08x})")
+        config = t.read32(Reg.CONFIG)
+        self.lanes = config & 0xFF
+        self.bus_bytes = (config >> 8) & 0xFF
+        self.job_depth = (config >> 16) & 0xFF
+        self.done_depth = (config >> 24) & 0xFF
+        self.max_width = t.read32(Reg.MAX_WIDTH)
+        self._free_slots = 0
+        self.in_flight: set[int] = set()
+
+    def start(self) -> None:
+        """Streaming mode: lanes take jobs as they are queued (``AP_START | AUTO_RESTART``),
+        and a completion raises the interrupt (``GIE``, ``IER = COMPLETION``)."""
+        t = self.transport
+        t.write32(Reg.GIE, 1)
+        t.write32(Reg.IER, Irq.COMPLETION)
+        t.write32(Reg.AP_CTRL, Ctrl.AP_START | Ctrl.AUTO_RESTART)
+
+    def reset(self) -> None:
+        """Reset the device (the transport's reset; jobs in flight are lost) and start it again."""
+        self.transport.reset()
+        self._configure()
+        self.start()
+
+    @property
+    def watchdog(self) -> int:
+        """Clocks without movement before a job is abandoned (0: never)."""
+        return self.transport.read32(Reg.WATCHDOG)
+
+    @watchdog.setter
+    def watchdog(self, clocks: int) -> None:
+        self.transport.write32(Reg.WATCHDOG, clocks)
+
+    def free_slots(self) -> int:
+        """Free entries in the job FIFO (one register read)."""
+        self._free_slots = self.transport.read32(Reg.JOB_PUSH)
+        return self._free_slots
+
+    def submit(self, job_id: int, in_addr: int, in_len: int, out_addr: int, out_cap: int) -> bool:
+        """Queue a job; False (nothing queued) when the job FIFO is full.
+
+        Args:
+            job_id: 32-bit id, echoed in its completion.
+            in_addr, in_len: the JPEG's device address (aligned to the bus word) and length, bytes.
+            out_addr, out_cap: the output buffer's device address (aligned) and size, bytes.
+        """
+        if self._free_slots == 0 and self.free_slots() == 0:
+            return False
+        t = self.transport
+        for reg, value in ((Reg.JOB_IN_ADDR_LO, in_addr), (Reg.JOB_IN_ADDR_HI, in_addr >> 32),
+                           (Reg.JOB_IN_LEN, in_len), (Reg.JOB_OUT_ADDR_LO, out_addr),
+                           (Reg.JOB_OUT_ADDR_HI, out_addr >> 32), (Reg.JOB_OUT_CAP, out_cap),
+                           (Reg.JOB_ID, job_id), (Reg.JOB_PUSH, 1)):
+            t.write32(reg, value & 0xFFFFFFFF)
+        self._free_slots -= 1
+        self.in_flight.add(job_id)
+        return True
+
+    def poll(self) -> list[Completion]:
+        """Read and pop every waiting completion (never blocks)."""
+        t = self.transport
+        out = []
+        for _ in range(t.read32(Reg.DONE_COUNT)):
+            status = t.read32(Reg.DONE_STATUS)
+            size = t.read32(Reg.DONE_SIZE)
+            done = Completion(t.read32(Reg.DONE_ID), status & 0xFF, (status >> 8) & 0xFF, size & 0xFFFF,
+                              size >> 16, t.read32(Reg.DONE_BYTES), t.read32(Reg.DONE_CLOCKS),
+                              t.read32(Reg.DONE_SYMBOLS))
+            t.write32(Reg.DONE_POP, 1)
+            self.in_flight.discard(done.job_id)
+            out.append(done)
+        return out
+
+    def wait(self, max_clocks: int = 1 << 28) -> list[Completion]:
+        """Completions, blocking on the interrupt until at least one arrives.
+
+        Raises:
+            DeviceError: jobs are in flight and nothing completes (the device's watchdog
+                should have ended them).
+        """
+        while True:
+            done = self.poll()
+            if done or not self.in_flight:
+                return done
+            t = self.transport
+            pending = t.read32(Reg.ISR)
+            if pending:
+                t.write32(Reg.ISR, pending)     # toggle-on-write clears the bits read
+            done = self.poll()                   # one may have arrived before the clear
+            if done:
+                return done
+            if not t.wait(max_clocks):
+                raise DeviceError(f"no completion for jobs {sorted(self.in_flight)[:8]}")
+
+    def decode_batch(self, items: Sequence[tuple[bytes, int]]) -> list[JobOutcome]:
+        """Decode many files, keeping the job FIFO full; results in input order.
+
+        Args:
+            items: ``(jpeg_bytes, output_capacity)`` per input; the capacity (bytes) is
+                normally ``width * height * 3`` from the frame header.
+
+        Returns:
+            One :class:`JobOutcome` per item.
+        """
+        t = self.transport
+        word = self.bus_bytes
+        buffers: dict[int, tuple] = {}
+        outcomes: list[JobOutcome | None] = [None] * len(items)
+        next_item = 0
+        try:
+            while next_item < len(items) or self.in_flight:
+                while next_item < len(items):
+                    data, cap = items[next_item]
+                    if self._free_slots == 0 and self.free_slots() == 0:
+                        break
+                    src = t.allocate(max(len(data), word), writable=False)
+                    src.array[:len(data)] = np.frombuffer(data, np.uint8)
+                    src.sync_to_device()
+                    dst = t.allocate(max(cap, word))
+                    buffers[next_item] = (src, dst)
+                    self.submit(next_item, src.device_address, len(data), dst.device_address, cap)
+                    next_item += 1
+                for done in self.wait():
+                    src, dst = buffers.pop(done.job_id)
+                    image = None
+                    if done.status == 0:
+                        dst.sync_from_device()
+                        n = done.width * done.height * 3
+                        image = dst.array[:n].reshape(done.height, done.width, 3).copy()
+                    outcomes[done.job_id] = JobOutcome(done, image)
+                    src.free()
+                    dst.free()
+        finally:
+            for src, dst in buffers.values():
+                src.free()
+                dst.free()
+        return outcomes
+

@@ -1,0 +1,233 @@
+"""The decoder device: N lane engines behind AXI4-Lite control and one AXI4 master.
+
+:class:`Device` is the top level that packages for boards (PYNQ block designs, Alveo RTL
+kernels) and that the simulated device (:mod:`dlbooster.sim.device`) runs:
+
+- ``ap_clk``, ``ap_rst_n`` (synchronous, active low);
+- ``s_axi_control_*``: AXI4-Lite slave with the registers of :mod:`dlbooster.hw.regs`
+  (ap_ctrl_hs at 0x00-0x0C, the job and completion FIFOs, configuration);
+- ``m_axi_gmem_*``: AXI4 master, 64-bit addresses, ``data_width``-bit data, incrementing
+  bursts of up to 16 beats, ``ARID``/``AWID`` = lane; read data of different IDs may
+  interleave; ``RREADY`` and ``BREADY`` are always high (space is reserved before asking);
+- ``interrupt``: ``GIE & (IER & ISR) != 0``, active high.
+
+Jobs are taken from the job FIFO by the lowest-numbered idle lane, one per clock, while
+the device is started; completions enter the completion FIFO in the order jobs finish
+(match them by job id). The read and write address channels are granted to the
+lowest-numbered lane asking (held until accepted, as AXI4 requires); a write burst's
+data follows its address before the next write address is granted.
+"""
+
+from amaranth import Cat, ClockDomain, ClockSignal, Module, Mux, ResetSignal, Signal
+from amaranth.lib import wiring
+from amaranth.lib.fifo import SyncFIFOBuffered
+from amaranth.lib.wiring import In, Out
+
+from .axi import Resp, axi4_lite_slave_ports, axi4_master_ports
+from .engine import Completion, Job, LaneEngine
+from .regs import MAGIC, Ctrl, Irq, Reg
+
+__all__ = ["Device"]
+
+
+class Device(wiring.Component):
+    """The decoder device (see the module docstring).
+
+    Args:
+        lanes: decoder lanes (1..255).
+        max_width: widest image, pixels (each lane's line buffers).
+        data_width: AXI4 data width, bits (64, 128, 256 or 512).
+        job_depth: job FIFO entries.
+        done_depth: completion FIFO entries.
+        watchdog: the watchdog register's value after reset, clocks.
+        idct_lanes: each IDCT's rows per clock.
+    """
+
+    def __init__(self, lanes: int = 1, max_width: int = 8192, data_width: int = 128, job_depth: int = 16,
+                 done_depth: int = 16, watchdog: int = 1 << 24, idct_lanes: int = 4):
+        assert 1 <= lanes <= 255
+        self.lanes, self.max_width, self.data_width = lanes, max_width, data_width
+        self.job_depth, self.done_depth, self.watchdog, self.idct_lanes = job_depth, done_depth, watchdog, idct_lanes
+        self.id_width = max(1, (lanes - 1).bit_length())
+        ports = {"ap_clk": In(1), "ap_rst_n": In(1), "interrupt": Out(1)}
+        ports.update(axi4_lite_slave_ports("s_axi_control"))
+        ports.update(axi4_master_ports("m_axi_gmem", data_width, self.id_width))
+        super().__init__(ports)
+
+    def _port(self, prefix, name):
+        return getattr(self, f"{prefix}_{name}")
+
+    def elaborate(self, platform):
+        m = Module()
+        m.domains.sync = ClockDomain()
+        m.d.comb += [ClockSignal().eq(self.ap_clk), ResetSignal().eq(~self.ap_rst_n)]
+        engines = []
+        for i in range(self.lanes):
+            engine = LaneEngine(i, self.max_width, self.data_width, self.idct_lanes)
+            m.submodules[f"lane{i}"] = engine
+            engines.append(engine)
+        m.submodules.jobs = jobs = SyncFIFOBuffered(width=Job.size, depth=self.job_depth)
+        m.submodules.dones = dones = SyncFIFOBuffered(width=Completion.size, depth=self.done_depth)
+        ctl = lambda name: self._port("s_axi_control", name)   # noqa: E731
+        mem = lambda name: self._port("m_axi_gmem", name)      # noqa: E731
+
+        # Registers.
+        started = Signal()
+        auto_restart = Signal()
+        ap_done = Signal()
+        gie = Signal()
+        ier = Signal(2)
+        isr = Signal(2)
+        watchdog = Signal(32, init=self.watchdog)
+        staged = Signal(Job)
+        all_idle = ~jobs.r_rdy & ~Cat(e.busy for e in engines).any()
+        finished = started & all_idle & ~auto_restart
+        with m.If(finished):
+            m.d.sync += [started.eq(0), ap_done.eq(1)]
+
+        # AXI4-Lite writes: address and data accepted together, then the response.
+        bvalid = Signal()
+        write = ctl("awvalid") & ctl("wvalid") & ~bvalid
+        m.d.comb += [ctl("awready").eq(write), ctl("wready").eq(write), ctl("bvalid").eq(bvalid),
+                     ctl("bresp").eq(Resp.OKAY)]
+        with m.If(write):
+            m.d.sync += bvalid.eq(1)
+        with m.Elif(ctl("bready")):
+            m.d.sync += bvalid.eq(0)
+        waddr = ctl("awaddr")[2:8]
+        wdata = ctl("wdata")
+        push = Signal()
+        pop = Signal()
+        isr_set = Cat(finished, dones.w_en)
+        isr_toggle = Signal(2)
+        with m.If(write):
+            with m.Switch(waddr):
+                with m.Case(Reg.AP_CTRL >> 2):
+                    with m.If(wdata[0]):
+                        m.d.sync += started.eq(1)
+                    m.d.sync += auto_restart.eq(wdata[7])
+                with m.Case(Reg.GIE >> 2):
+                    m.d.sync += gie.eq(wdata[0])
+                with m.Case(Reg.IER >> 2):
+                    m.d.sync += ier.eq(wdata[:2])
+                with m.Case(Reg.ISR >> 2):
+                    m.d.comb += isr_toggle.eq(wdata[:2])
+                for reg, field in ((Reg.JOB_IN_ADDR_LO, staged.in_addr[:32]),
+                                   (Reg.JOB_IN_ADDR_HI, staged.in_addr[32:]),
+                                   (Reg.JOB_IN_LEN, staged.in_len),
+                                   (Reg.JOB_OUT_ADDR_LO, staged.out_addr[:32]),
+                                   (Reg.JOB_OUT_ADDR_HI, staged.out_addr[32:]),
+                                   (Reg.JOB_OUT_CAP, staged.out_cap),
+                                   (Reg.JOB_ID, staged.id),
+                                   (Reg.WATCHDOG, watchdog)):
+                    with m.Case(reg >> 2):
+                        m.d.sync += field.eq(wdata)
+                with m.Case(Reg.JOB_PUSH >> 2):
+                    m.d.comb += push.eq(1)
+                with m.Case(Reg.DONE_POP >> 2):
+                    m.d.comb += pop.eq(1)
+        m.d.sync += isr.eq((isr | isr_set) ^ isr_toggle)
+        m.d.comb += [jobs.w_data.eq(staged), jobs.w_en.eq(push), dones.r_en.eq(pop),
+                     self.interrupt.eq(gie & (ier & isr).any())]
+
+        # AXI4-Lite reads: one at a time; reading AP_CTRL clears ap_done.
+        rvalid = Signal()
+        rdata = Signal(32)
+        m.d.comb += [ctl("arready").eq(~rvalid), ctl("rvalid").eq(rvalid), ctl("rdata").eq(rdata),
+                     ctl("rresp").eq(Resp.OKAY)]
+        head = Completion(dones.r_data)
+        busy = Cat(e.busy for e in engines)
+        config = (self.lanes | (self.data_width // 8) << 8 | self.job_depth << 16
+                  | min(self.done_depth, 255) << 24)
+        values = {
+            Reg.AP_CTRL: Cat(started, ap_done, all_idle, ap_done, 0, 0, 0, auto_restart),
+            Reg.GIE: gie, Reg.IER: ier, Reg.ISR: isr,
+            Reg.JOB_IN_ADDR_LO: staged.in_addr[:32], Reg.JOB_IN_ADDR_HI: staged.in_addr[32:],
+            Reg.JOB_IN_LEN: staged.in_len, Reg.JOB_OUT_ADDR_LO: staged.out_addr[:32],
+            Reg.JOB_OUT_ADDR_HI: staged.out_addr[32:], Reg.JOB_OUT_CAP: staged.out_cap,
+            Reg.JOB_ID: staged.id, Reg.JOB_PUSH: self.job_depth - jobs.level,
+            Reg.DONE_COUNT: dones.level,
+            Reg.DONE_ID: head.id, Reg.DONE_STATUS: Cat(head.status, head.lane),
+            Reg.DONE_SIZE: Cat(head.width, head.height), Reg.DONE_BYTES: head.bytes,
+            Reg.DONE_CLOCKS: head.clocks, Reg.DONE_SYMBOLS: head.symbols,
+            Reg.ID: MAGIC, Reg.CONFIG: config, Reg.MAX_WIDTH: self.max_width, Reg.WATCHDOG: watchdog,
+            Reg.BUSY: busy,
+        }
+        with m.If(ctl("arvalid") & ~rvalid):
+            m.d.sync += [rvalid.eq(1), rdata.eq(0)]
+            with m.Switch(ctl("araddr")[2:8]):
+                for reg, value in values.items():
+                    with m.Case(reg >> 2):
+                        m.d.sync += rdata.eq(value)
+                with m.Case(Reg.AP_CTRL >> 2):
+                    with m.If(~finished):
+                        m.d.sync += ap_done.eq(0)
+        with m.Elif(ctl("rready")):
+            m.d.sync += rvalid.eq(0)
+
+        # Jobs to the lowest-numbered idle lane; completions from the lowest-numbered lane.
+        take = Signal()
+        post = Signal()
+        for e in engines:
+            m.d.comb += [e.job.payload.eq(jobs.r_data), e.job.valid.eq(jobs.r_rdy & started & ~take),
+                         e.watchdog.eq(watchdog)]
+            take_here = e.job.ready & jobs.r_rdy & started & ~take
+            nxt = Signal()
+            m.d.comb += nxt.eq(take | take_here)
+            take = nxt
+            m.d.comb += e.done.ready.eq(dones.w_rdy & ~post)
+            with m.If(e.done.valid & dones.w_rdy & ~post):
+                m.d.comb += dones.w_data.eq(e.done.payload)
+            nxt_post = Signal()
+            m.d.comb += nxt_post.eq(post | e.done.valid)
+            post = nxt_post
+        m.d.comb += [jobs.r_en.eq(take), dones.w_en.eq(post & dones.w_rdy)]
+
+        self._memory_port(m, engines, mem)
+        return m
+
+    def _memory_port(self, m, engines, mem):
+        """Arbitrate the lanes' buses onto the AXI4 master."""
+        size = (self.data_width // 8).bit_length() - 1
+        w_busy = Signal()         # a write burst's data is being sent
+        for ch in ("ar", "aw"):
+            locked = Signal(name=f"{ch}_locked")
+            owner = Signal(range(self.lanes), name=f"{ch}_owner")
+            choice = Signal(range(self.lanes), name=f"{ch}_choice")
+            for i in reversed(range(self.lanes)):
+                with m.If(getattr(engines[i].bus, ch).valid):
+                    m.d.comb += choice.eq(i)
+            sel = Mux(locked, owner, choice)
+            gate = 1 if ch == "ar" else ~w_busy
+            valid = Signal(name=f"{ch}_valid")
+            req = [getattr(e.bus, ch) for e in engines]
+            for i, r in enumerate(req):
+                with m.If(sel == i):
+                    m.d.comb += [valid.eq(r.valid & gate), mem(f"{ch}addr").eq(r.payload.addr),
+                                 mem(f"{ch}len").eq(r.payload.len)]
+            ready = mem(f"{ch}ready")
+            for i, r in enumerate(req):
+                m.d.comb += r.ready.eq(ready & valid & (sel == i))
+            m.d.comb += [mem(f"{ch}valid").eq(valid), mem(f"{ch}id").eq(sel), mem(f"{ch}size").eq(size),
+                         mem(f"{ch}burst").eq(1), mem(f"{ch}cache").eq(0b0011)]
+            m.d.sync += [locked.eq(valid & ~ready), owner.eq(sel)]
+            if ch == "aw":
+                w_owner = Signal(range(self.lanes))
+                with m.If(valid & ready):
+                    m.d.sync += [w_busy.eq(1), w_owner.eq(sel)]
+                with m.Elif(mem("wvalid") & mem("wready") & mem("wlast")):
+                    m.d.sync += w_busy.eq(0)
+                for i, e in enumerate(engines):
+                    w = e.bus.w
+                    with m.If(w_owner == i):
+                        m.d.comb += [mem("wvalid").eq(w.valid & w_busy), mem("wdata").eq(w.payload.data),
+                                     mem("wstrb").eq(w.payload.strb), mem("wlast").eq(w.payload.last)]
+                    m.d.comb += w.ready.eq(mem("wready") & w_busy & (w_owner == i))
+        for i, e in enumerate(engines):
+            m.d.comb += [e.bus.r.valid.eq(mem("rvalid") & (mem("rid") == i)),
+                         e.bus.r.payload.data.eq(mem("rdata")),
+                         e.bus.r.payload.err.eq(mem("rresp")[1]),
+                         e.bus.b.valid.eq(mem("bvalid") & (mem("bid") == i)),
+                         e.bus.b.payload.err.eq(mem("bresp")[1])]
+        m.d.comb += [mem("rready").eq(1), mem("bready").eq(1)]
+

