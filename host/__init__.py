@@ -5,7 +5,7 @@ The host runtime: JPEG structure parser and hardware-profile classifier
 (:mod:`dlbooster.model`), decode backends and :func:`decode` (:mod:`dlbooster.backends`).
 """
 
-from .backends import BACKENDS, DecodeResult, decode, decode_result, get_backend
+from .backends import BACKENDS, DecodeResult, decode, decode_result, decode_results, get_backend
 from .errors import DecodeError, DlboosterError, FallbackError, Malformed, Unsupported
 
 __all__ = [
@@ -18,5 +18,6 @@ __all__ = [
     "Unsupported",
     "decode",
     "decode_result",
+    "decode_results",
     "get_backend",
 ]

@@ -8,7 +8,8 @@ A backend turns the bytes of one file into an (H, W, 3) uint8 RGB array equal to
 - :class:`~dlbooster.errors.DecodeError` when the input is not decodable at all.
 
 Backends here: ``cpu`` (libjpeg-turbo through simplejpeg where that is proven identical
-to Pillow, else Pillow itself) and ``model`` (the reference model of the decoder lane).
+to Pillow, else Pillow itself), ``model`` (the reference model of the decoder lane) and
+``sim`` (the simulated decoder device, driven like a board).
 ``auto`` picks a present board, else ``cpu``; the choice is logged.
 """
 
@@ -26,15 +27,17 @@ import numpy as np
 
 from . import jpeg
 from . import model as reference
-from .errors import DecodeError, FallbackError
+from .errors import DecodeError, FallbackError, Unsupported
 
 __all__ = [
     "BACKENDS",
     "CpuBackend",
     "DecodeResult",
     "ModelBackend",
+    "SimBackend",
     "decode",
     "decode_result",
+    "decode_results",
     "get_backend",
 ]
 
@@ -144,10 +147,73 @@ class ModelBackend:
         return reference.decode(data, info=info, max_width=self.max_width)
 
 
+class SimBackend:
+    """The simulated decoder device (:mod:`dlbooster.sim.device`), driven by the same
+    driver as a board (:class:`dlbooster.device.DecoderDevice`).
+
+    Inputs the runtime's pre-screen sends to the CPU (:func:`dlbooster.jpeg.host_prescreen`)
+    never reach the device; every other input runs on it, and a non-zero job status
+    declines the input with the hardware's reason (:func:`dlbooster.hw.regs.device_reason`).
+
+    Args:
+        lanes: decoder lanes of the simulated device.
+        max_width: its line-buffer width, pixels.
+
+    The first use builds the device (minutes; cached).
+    """
+
+    name = "sim"
+
+    def __init__(self, lanes: int = 1, max_width: int = jpeg.DEFAULT_MAX_WIDTH):
+        from .device import DecoderDevice
+        from .sim.device import SimTransport
+
+        self.lanes, self.max_width = lanes, max_width
+        self.device = DecoderDevice(SimTransport(lanes=lanes, max_width=max_width))
+        self.device.start()
+
+    def decode(self, data: bytes, info: jpeg.JpegInfo | None = None) -> np.ndarray:
+        """Decode one file on the device.
+
+        Raises:
+            FallbackError: the pre-screen or the device declined it (reason as above).
+        """
+        out, _ = self.decode_many([data], [info or jpeg.parse(data)])[0]
+        if isinstance(out, FallbackError):
+            raise out
+        return out
+
+    def decode_many(self, datas: list[bytes], infos: list[jpeg.JpegInfo]) -> list[tuple[Any, dict]]:
+        """Decode many files, all lanes busy. Returns per input ``(image or FallbackError,
+        extra)``; ``extra`` holds the device's ``cycles``, ``symbols`` and ``lane`` for
+        inputs that ran on it."""
+        results: list[tuple[Any, dict] | None] = [None] * len(datas)
+        jobs = []
+        for i, (data, info) in enumerate(zip(datas, infos)):
+            reason = jpeg.host_prescreen(info, max_width=self.max_width)
+            if reason is None and not data:
+                reason = jpeg.classify(info, max_width=self.max_width)
+            if reason is not None:
+                results[i] = (Unsupported(reason, "host pre-screen"), {})
+                continue
+            frame = info.frame
+            fits = frame is not None and frame.width <= self.max_width
+            jobs.append((i, frame.width * frame.height * 3 if fits else 0))
+        outcomes = self.device.decode_batch([(datas[i], cap) for i, cap in jobs])
+        for (i, _), outcome in zip(jobs, outcomes):
+            done = outcome.completion
+            extra = {"cycles": done.clocks, "symbols": done.symbols, "lane": done.lane}
+            if done.status:
+                results[i] = (FallbackError(done.reason, f"device status 0x{done.status:02x}"), extra)
+            else:
+                results[i] = (outcome.image, extra)
+        return results
+
+
 _logged_auto: list[bool] = []  # log the auto choice once per process
 
 #: Backend names accepted by :func:`get_backend`.
-BACKENDS = ("auto", "cpu", "model")
+BACKENDS = ("auto", "cpu", "model", "sim")
 
 
 def get_backend(name: str = "auto", **options: Any):
@@ -156,7 +222,8 @@ def get_backend(name: str = "auto", **options: Any):
     Args:
         name: one of :data:`BACKENDS`. ``auto`` takes a board when one is present, else
             ``cpu``, and logs its choice.
-        options: backend options (``max_width`` for ``model``).
+        options: backend options (``max_width`` for ``model``; ``lanes`` and
+            ``max_width`` for ``sim``).
 
     Raises:
         ValueError: unknown name.
@@ -170,6 +237,8 @@ def get_backend(name: str = "auto", **options: Any):
         return CpuBackend()
     if name == "model":
         return ModelBackend(**options)
+    if name == "sim":
+        return SimBackend(**options)
     raise ValueError(f"unknown backend {name!r}; choose from {', '.join(BACKENDS)}")
 
 
@@ -185,7 +254,8 @@ class DecodeResult:
         reason: why the requested backend declined or why decoding failed; None if ok.
         detail: human readable detail of ``reason``.
         image: (H, W, 3) uint8, None on error.
-        extra: backend figures (``symbols`` for the model).
+        extra: backend figures (``symbols`` for the model; ``cycles``, ``symbols`` and
+            ``lane`` for the simulated device).
     """
 
     path: str
@@ -235,6 +305,16 @@ def _read(source: str | os.PathLike | bytes | bytearray | memoryview) -> tuple[b
         raise DecodeError("unreadable", f"{type(exc).__name__}: {exc.strerror}", path) from exc
 
 
+def _fallback(name: str, data: bytes, info, declined: FallbackError, cpu, extra: dict) -> DecodeResult:
+    """The CPU path's result for an input a backend declined."""
+    fallback = cpu or CpuBackend()
+    try:
+        image = fallback.decode(data, info)
+    except DecodeError as exc:
+        return DecodeResult(name, "error", None, exc.reason, exc.detail, extra=extra)
+    return DecodeResult(name, "fallback", fallback.name, declined.reason, declined.detail, image, extra)
+
+
 def decode_result(source, backend="auto", *, cpu: CpuBackend | None = None) -> DecodeResult:
     """Decode one input with a backend, falling back to the CPU path when it declines.
 
@@ -248,6 +328,8 @@ def decode_result(source, backend="auto", *, cpu: CpuBackend | None = None) -> D
     """
     if isinstance(backend, str):
         backend = get_backend(backend)
+    if hasattr(backend, "decode_many"):
+        return decode_results([source], backend, cpu=cpu)[0]
     try:
         data, name = _read(source)
     except DecodeError as exc:
@@ -260,14 +342,38 @@ def decode_result(source, backend="auto", *, cpu: CpuBackend | None = None) -> D
                                 extra={"symbols": stages.symbols})
         return DecodeResult(name, "ok", backend.name, None, image=backend.decode(data, info))
     except FallbackError as declined:
-        fallback = cpu or CpuBackend()
-        try:
-            image = fallback.decode(data, info)
-        except DecodeError as exc:
-            return DecodeResult(name, "error", None, exc.reason, exc.detail)
-        return DecodeResult(name, "fallback", fallback.name, declined.reason, declined.detail, image)
+        return _fallback(name, data, info, declined, cpu, {})
     except DecodeError as exc:
         return DecodeResult(name, "error", None, exc.reason, exc.detail)
+
+
+def decode_results(sources, backend="auto", *, cpu: CpuBackend | None = None) -> list[DecodeResult]:
+    """:func:`decode_result` for many inputs; a backend with ``decode_many`` (``sim``)
+    gets them all at once, so every lane is busy.
+
+    Returns:
+        One DecodeResult per source, in order; never raises for bad input.
+    """
+    if isinstance(backend, str):
+        backend = get_backend(backend)
+    if not hasattr(backend, "decode_many"):
+        return [decode_result(source, backend, cpu=cpu) for source in sources]
+    results: list[DecodeResult | None] = [None] * len(sources)
+    readable = []
+    for i, source in enumerate(sources):
+        try:
+            data, name = _read(source)
+        except DecodeError as exc:
+            results[i] = DecodeResult(exc.source, "error", None, exc.reason, exc.detail)
+            continue
+        readable.append((i, name, data, jpeg.parse(data)))
+    outs = backend.decode_many([r[2] for r in readable], [r[3] for r in readable])
+    for (i, name, data, info), (out, extra) in zip(readable, outs):
+        if isinstance(out, FallbackError):
+            results[i] = _fallback(name, data, info, out, cpu, extra)
+        else:
+            results[i] = DecodeResult(name, "ok", backend.name, None, image=out, extra=extra)
+    return results
 
 
 def decode(source, backend: str = "auto") -> np.ndarray:
@@ -275,7 +381,7 @@ def decode(source, backend: str = "auto") -> np.ndarray:
 
     Args:
         source: a path (str or PathLike) or the file's bytes.
-        backend: ``auto``, ``cpu`` or ``model``; inputs the backend declines are
+        backend: ``auto``, ``cpu``, ``model`` or ``sim``; inputs the backend declines are
             decoded by the CPU path.
 
     Returns:

@@ -53,25 +53,38 @@ def _save_png(image, target: Path) -> None:
     Image.fromarray(image).save(target, "PNG")
 
 
+def _batched(inputs, batch, backend, cpu, progress):
+    """``((path, name), DecodeResult)`` for every input, decoded ``batch`` at a time."""
+    from .backends import decode_results
+
+    for start in range(0, len(inputs), batch):
+        chunk = inputs[start:start + batch]
+        yield from zip(chunk, decode_results([path for path, _ in chunk], backend, cpu=cpu))
+        progress.update(len(chunk))
+
+
 def _cmd_decode(args: argparse.Namespace) -> int:
     from tqdm import tqdm
 
-    from .backends import CpuBackend, decode_pillow, decode_result, get_backend
+    from .backends import CpuBackend, decode_pillow, get_backend
     from .errors import DecodeError
 
     if args.out and os.path.exists(args.out) and not os.path.isdir(args.out):
         print(f"dlbooster decode: --out {args.out} exists and is not a folder", file=sys.stderr)
         return 2
-    options = {"max_width": args.max_width} if args.backend == "model" else {}
+    options = {"model": {"max_width": args.max_width},
+               "sim": {"max_width": args.max_width, "lanes": args.lanes}}.get(args.backend, {})
     backend = get_backend(args.backend, **options)
     cpu = CpuBackend()
     inputs = _walk(args.paths)
     results = []
     counts: Counter = Counter()
     mismatches = []
-    for path, name in tqdm(inputs, desc="decode", unit="file", file=sys.stderr,
-                           disable=None if len(inputs) > 1 else True):
-        result = decode_result(path, backend, cpu=cpu)
+    # The simulated device takes a batch at a time, so that all its lanes are busy.
+    batch = 8 * args.lanes if hasattr(backend, "decode_many") else 1
+    progress = tqdm(total=len(inputs), desc="decode", unit="file", file=sys.stderr,
+                    disable=None if len(inputs) > 1 else True)
+    for (path, name), result in _batched(inputs, batch, backend, cpu, progress):
         record = result.to_json()
         counts[(result.status, result.backend, result.reason)] += 1
         if args.verify:
@@ -89,6 +102,7 @@ def _cmd_decode(args: argparse.Namespace) -> int:
         if args.out and result.image is not None:
             _save_png(result.image, Path(args.out) / f"{name}.png")
         results.append(record)
+    progress.close()
     errors = sum(n for (status, _, _), n in counts.items() if status == "error")
     summary = {
         "inputs": len(inputs),
@@ -115,6 +129,25 @@ def _cmd_decode(args: argparse.Namespace) -> int:
     for path in mismatches:
         print(f"differs from Pillow: {path}", file=sys.stderr)
     return 1 if errors or mismatches else 0
+
+
+def _cmd_build(args: argparse.Namespace) -> int:
+    from .hw.device import Device
+    from .sim.flow import export_verilog, lint_verilog
+
+    device = Device(lanes=args.lanes, max_width=args.max_width, data_width=args.data_width)
+    out = Path(args.verilog)
+    out.write_text(export_verilog(device, "dlbooster_decoder"))
+    print(f"{out}: module dlbooster_decoder, {args.lanes} lane(s), {args.max_width}-pixel line buffers, "
+          f"{args.data_width}-bit AXI4 master m_axi_gmem, AXI4-Lite s_axi_control, ap_clk/ap_rst_n, interrupt")
+    if not args.lint:
+        return 0
+    code, messages = lint_verilog(out, "dlbooster_decoder")
+    warnings = [line for line in messages.splitlines() if line.startswith("%")]
+    for line in warnings[:50]:
+        print(line)
+    print(f"verilator --lint-only -Wall: {'clean' if code == 0 and not warnings else f'{len(warnings)} messages'}")
+    return 0 if code == 0 and not warnings else 1
 
 
 def _cmd_bench(args: argparse.Namespace) -> int:
@@ -182,12 +215,24 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("paths", nargs="+", metavar="PATH")
     p.add_argument("--backend", choices=BACKENDS, default="auto")
     p.add_argument("--max-width", type=int, default=DEFAULT_MAX_WIDTH,
-                   help="line-buffer width of the modelled lane (pixels)")
+                   help="line-buffer width of the modelled lane or the simulated device (pixels)")
+    p.add_argument("--lanes", type=int, default=1, help="decoder lanes of the simulated device (sim)")
     p.add_argument("--out", metavar="DIR", help="write one lossless PNG per input")
     p.add_argument("--json", action="store_true", help='print {"results": [...], "summary": {...}}')
     p.add_argument("--verify", action="store_true",
                    help="also decode with Pillow and count inputs whose result differs")
     p.set_defaults(func=_cmd_decode)
+
+    p = sub.add_parser("build", help="export the decoder device's Verilog",
+                       description="Write the Verilog of the decoder device top (hw/device.py).")
+    p.add_argument("--verilog", required=True, metavar="OUT.v")
+    p.add_argument("--lanes", type=int, default=1, help="decoder lanes")
+    p.add_argument("--max-width", type=int, default=DEFAULT_MAX_WIDTH, help="widest image (pixels)")
+    p.add_argument("--data-width", type=int, choices=(64, 128, 256, 512), default=128,
+                   help="AXI4 data width (bits)")
+    p.add_argument("--lint", action="store_true",
+                   help="then run verilator --lint-only -Wall with the waivers of hw/device.vlt")
+    p.set_defaults(func=_cmd_build)
 
     p = sub.add_parser("bench", help="benchmarks (tables on stdout, JSON with --json)")
     from . import bench

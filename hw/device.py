@@ -159,9 +159,9 @@ class Device(wiring.Component):
                 for reg, value in values.items():
                     with m.Case(reg >> 2):
                         m.d.sync += rdata.eq(value)
-                with m.Case(Reg.AP_CTRL >> 2):
-                    with m.If(~finished):
-                        m.d.sync += ap_done.eq(0)
+                        if reg == Reg.AP_CTRL:
+                            with m.If(~finished):
+                                m.d.sync += ap_done.eq(0)
         with m.Elif(ctl("rready")):
             m.d.sync += rvalid.eq(0)
 
@@ -192,8 +192,8 @@ class Device(wiring.Component):
         w_busy = Signal()         # a write burst's data is being sent
         for ch in ("ar", "aw"):
             locked = Signal(name=f"{ch}_locked")
-            owner = Signal(range(self.lanes), name=f"{ch}_owner")
-            choice = Signal(range(self.lanes), name=f"{ch}_choice")
+            owner = Signal(self.id_width, name=f"{ch}_owner")
+            choice = Signal(self.id_width, name=f"{ch}_choice")
             for i in reversed(range(self.lanes)):
                 with m.If(getattr(engines[i].bus, ch).valid):
                     m.d.comb += choice.eq(i)
@@ -212,7 +212,7 @@ class Device(wiring.Component):
                          mem(f"{ch}burst").eq(1), mem(f"{ch}cache").eq(0b0011)]
             m.d.sync += [locked.eq(valid & ~ready), owner.eq(sel)]
             if ch == "aw":
-                w_owner = Signal(range(self.lanes))
+                w_owner = Signal(self.id_width)
                 with m.If(valid & ready):
                     m.d.sync += [w_busy.eq(1), w_owner.eq(sel)]
                 with m.Elif(mem("wvalid") & mem("wready") & mem("wlast")):

@@ -104,6 +104,6 @@ class JobReader(wiring.Component):
         with m.Elif(o.valid & o.ready):
             m.d.comb += fifo.r_en.eq(end_of_word)
             m.d.sync += [bytes_left.eq(bytes_left - n), sub.eq(Mux(end_of_word, 0, sub + 1))]
-        m.d.comb += [self.quiet.eq(~ar_valid & (inflight == 0) & ~fifo.r_rdy),
+        m.d.comb += [self.quiet.eq(~ar_valid & (inflight == 0) & (fifo.level == 0)),
                      self.progress.eq(arrived | (ar.valid & ar.ready) | (o.valid & o.ready))]
         return m

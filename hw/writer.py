@@ -137,6 +137,6 @@ class JobWriter(wiring.Component):
         with m.Elif(b.valid & b.payload.err):
             m.d.sync += self.error.eq(1)
         m.d.sync += pending.eq(pending + sent - b.valid)
-        m.d.comb += [self.quiet.eq((count == 0) & ~fifo.r_rdy & ~aw_valid & (w_left == 0) & (pending == 0)),
+        m.d.comb += [self.quiet.eq((count == 0) & (fifo.level == 0) & ~aw_valid & (w_left == 0) & (pending == 0)),
                      self.progress.eq(sent | (w.valid & w.ready) | b.valid | take)]
         return m

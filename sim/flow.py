@@ -23,7 +23,7 @@ import tempfile
 from pathlib import Path
 
 __all__ = ["cache_root", "toolchain_env", "export_verilog", "export_flat_verilog", "simulator_available",
-           "run_cocotb"]
+           "run_cocotb", "lint_verilog"]
 
 
 def cache_root() -> Path:
@@ -75,6 +75,27 @@ def export_flat_verilog(component, name: str) -> str:
     script = [f"read_rtlil <<rtlil\n{text}\nrtlil", "proc", "flatten", "opt -full", "wreduce",
               "opt_clean -purge", "memory_collect", "opt_clean", "write_verilog -norename -noattr"]
     return yosys.run(["-q", "-"], "\n".join(script), ignore_warnings=True)
+
+
+def lint_verilog(path: Path, top: str) -> tuple[int, str]:
+    """``verilator --lint-only -Wall`` on ``path`` with the waivers of
+    ``hw/device.vlt`` (documented there); returns ``(exit code, messages)`` (0 and no ``%Warning`` when clean).
+
+    Raises:
+        FileNotFoundError: Verilator is not installed.
+    """
+    toolchain_env()
+    waivers = _waiver_file()
+    run = subprocess.run(["verilator", "--lint-only", "-Wall", "--top-module", top, str(waivers), str(path)],
+                         capture_output=True, text=True)
+    return run.returncode, run.stdout + run.stderr
+
+
+def _waiver_file() -> Path:
+    """The waiver file, from the source tree or the installed package."""
+    import importlib.resources
+
+    return Path(str(importlib.resources.files("dlbooster.hw") / "device.vlt"))
 
 
 _TRIGGER = re.compile(r"^(\s*)reg (\\\$auto\$verilog_backend\S*)\s*= 0;$", re.M)

@@ -598,3 +598,32 @@ def gen(*args, **kwargs) -> bytes:
         pytest.skip(f"Pillow's encoder refuses {args} {kwargs}: {exc}")
 
 
+def truncated_entropy(data: bytes) -> bytes:
+    """The entropy-coded data cut in half, EOI kept: the model says ``truncated``."""
+    from dlbooster import jpeg
+
+    scan = jpeg.parse(data).scans[0]
+    return data[:(scan.data_start + scan.data_end) // 2] + data[scan.data_end:]
+
+
+def feature_files(max_width: int) -> dict[str, bytes]:
+    """Generated files covering every feature the decoder takes (every sampling, odd
+    sizes, quality 1..100, restart intervals, optimised and 16-bit tables), then four it
+    must stop on (progressive, wider than ``max_width``, truncated entropy data, no EOI)."""
+    files = {
+        "420_q85": gen(40, 24, subsampling=2, quality=85),
+        "422_q1_odd": gen(17, 9, subsampling=1, quality=1),
+        "444_q100": gen(33, 17, subsampling=0, quality=100),
+        "440_q80": gen(24, 33, subsampling="440", quality=80),
+        "gray_q60_odd": gen(23, 19, subsampling="gray", quality=60),
+        "420_restart_blocks": gen(35, 27, subsampling=2, quality=30, restart_blocks=2),
+        "444_restart_rows_optimised": gen(32, 24, subsampling=0, quality=70, restart_rows=1, optimize=True),
+        "420_16bit_dqt": gen(24, 24, subsampling=2, qtables=[[300 + (i % 7) for i in range(64)]] * 2),
+        "420_1x1": gen(1, 1, subsampling=2, quality=75),
+        "422_narrow": gen(2, 12, subsampling=1, quality=90),
+        "progressive": gen(16, 16, subsampling=2, progressive=True),
+        "too_wide": gen(max_width + 8, 8, subsampling=0, quality=50),
+        "truncated": truncated_entropy(gen(24, 24, subsampling=0, quality=90)),
+        "no_eoi": gen(16, 8, subsampling=2, quality=70)[:-2],
+    }
+    return files

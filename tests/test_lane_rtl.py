@@ -26,39 +26,13 @@ from dlbooster.sim.flow import simulator_available
 from dlbooster.sim.harness import pack
 from dlbooster.sim.verify import stage_differences, verify_lane
 
-from jpegtools import CORPUS_DIR, corpus_rows, feature_subset, gen, hardware_candidates
+from jpegtools import CORPUS_DIR, corpus_rows, feature_files, feature_subset, gen, hardware_candidates
 
 needs_verilator = pytest.mark.skipif(not simulator_available("verilator"), reason="verilator not installed")
 needs_icarus = pytest.mark.skipif(not simulator_available("icarus"), reason="iverilog not installed")
 
 #: Line buffers of the cocotb build (a small build; wider files must stop with "width").
 COCOTB_WIDTH = 256
-
-
-def _truncated(data: bytes) -> bytes:
-    """The entropy-coded data cut in half, EOI kept: the model says ``truncated``."""
-    scan = jpeg.parse(data).scans[0]
-    return data[:(scan.data_start + scan.data_end) // 2] + data[scan.data_end:]
-
-
-def _generated() -> dict[str, bytes]:
-    files = {
-        "420_q85": gen(40, 24, subsampling=2, quality=85),
-        "422_q1_odd": gen(17, 9, subsampling=1, quality=1),
-        "444_q100": gen(33, 17, subsampling=0, quality=100),
-        "440_q80": gen(24, 33, subsampling="440", quality=80),
-        "gray_q60_odd": gen(23, 19, subsampling="gray", quality=60),
-        "420_restart_blocks": gen(35, 27, subsampling=2, quality=30, restart_blocks=2),
-        "444_restart_rows_optimised": gen(32, 24, subsampling=0, quality=70, restart_rows=1, optimize=True),
-        "420_16bit_dqt": gen(24, 24, subsampling=2, qtables=[[300 + (i % 7) for i in range(64)]] * 2),
-        "420_1x1": gen(1, 1, subsampling=2, quality=75),
-        "422_narrow": gen(2, 12, subsampling=1, quality=90),
-        "progressive": gen(16, 16, subsampling=2, progressive=True),
-        "too_wide": gen(COCOTB_WIDTH + 8, 8, subsampling=0, quality=50),
-        "truncated": _truncated(gen(24, 24, subsampling=0, quality=90)),
-        "no_eoi": gen(16, 8, subsampling=2, quality=70)[:-2],
-    }
-    return files
 
 
 def _corpus_small(count: int) -> list:
@@ -96,7 +70,7 @@ def _run(paths, simulator, **options):
 
 @needs_verilator
 def test_lane_cocotb_verilator(tmp_path):
-    files = _generated()
+    files = feature_files(COCOTB_WIDTH)
     paths = _write(tmp_path, files) + _corpus_small(10)
     report = _run(paths, "verilator", valid_percent=75, ready_percent=70)
     by_name = {p.stem: report[str(p.resolve())] for p in paths[:len(files)]}
@@ -113,7 +87,7 @@ def test_lane_cocotb_verilator(tmp_path):
 def test_lane_cocotb_icarus(tmp_path):
     from dlbooster.sim.lane_debug import run_lane_testbench
 
-    files = {k: v for k, v in _generated().items() if k in ("422_q1_odd", "gray_q60_odd", "progressive", "no_eoi")}
+    files = {k: v for k, v in feature_files(COCOTB_WIDTH).items() if k in ("422_q1_odd", "gray_q60_odd", "progressive", "no_eoi")}
     report = _run(_write(tmp_path, files), "icarus", valid_percent=80, ready_percent=80)
     assert [r["status"] for r in report.values()][:2] == [0, 0]
     # What a failing file gets: a waveform of its run.
@@ -155,7 +129,7 @@ def test_lane_harness_generated(lane):
     """The benchmark's C++ harness: every generated file judged as in the cocotb test
     (here with 8192-pixel line buffers, so the wide file decodes)."""
     verdicts = {}
-    for name, data in _generated().items():
+    for name, data in feature_files(COCOTB_WIDTH).items():
         verdicts[name] = verify_lane(lane.decode(data), data, 8192)
     assert all(v.ok for v in verdicts.values()), {k: v.detail for k, v in verdicts.items() if not v.ok}
     assert verdicts["too_wide"].expect == "decode" and verdicts["too_wide"].status == 0
@@ -260,7 +234,7 @@ def test_stage_differences_names_the_first_stage(subsampling):
 def test_debug_lane_command(tmp_path, capsys):
     from dlbooster.cli import main
 
-    paths = _write(tmp_path, {k: v for k, v in _generated().items() if k in ("gray_q60_odd", "no_eoi")})
+    paths = _write(tmp_path, {k: v for k, v in feature_files(COCOTB_WIDTH).items() if k in ("gray_q60_odd", "no_eoi")})
     assert main(["debug-lane", "--max-width", str(COCOTB_WIDTH), "--valid", "90", *map(str, paths)]) == 0
     lines = [line for line in capsys.readouterr().out.splitlines() if line.startswith("ok")]
     assert len(lines) == 2

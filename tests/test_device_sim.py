@@ -1,0 +1,303 @@
+"""The decoder device (hw/device.py) through the real host driver on the simulated device.
+
+Every test drives :class:`dlbooster.device.DecoderDevice` over
+:class:`dlbooster.sim.device.SimTransport`: the Verilator build of the exported top with
+host memory modelled on its AXI4 master, whose every write is checked against the pages
+the host mapped writable (``violations``). Builds: 1 and 4 lanes, 256-pixel line buffers.
+"""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from dlbooster import jpeg
+from dlbooster.device import DecoderDevice
+from dlbooster.hw.regs import Ctrl, DeviceStatus, Irq, Reg
+from dlbooster.sim.flow import simulator_available
+from dlbooster.sim.verify import expectation
+
+from jpegtools import feature_files, gen, pillow_rgb
+
+pytestmark = pytest.mark.skipif(not simulator_available("verilator"), reason="verilator not installed")
+
+WIDTH = 256
+
+
+def _transport(lanes: int):
+    from dlbooster.sim.device import SimTransport
+
+    return SimTransport(lanes=lanes, max_width=WIDTH)
+
+
+@pytest.fixture(scope="module")
+def sim1():
+    with _transport(1) as t:
+        yield t
+
+
+@pytest.fixture(scope="module")
+def sim4():
+    with _transport(4) as t:
+        yield t
+
+
+def _fresh(transport) -> DecoderDevice:
+    """The device reset, its memory port well-behaved, started in streaming mode."""
+    from dlbooster.sim.device import PortBehaviour
+
+    transport.set_port(PortBehaviour())
+    device = DecoderDevice(transport)
+    device.reset()
+    _baseline[id(transport)] = transport.counters()["violations"]
+    return device
+
+
+_baseline: dict[int, int] = {}
+
+
+def _violations(transport) -> int:
+    """Memory violations since the test's :func:`_fresh`."""
+    return transport.counters()["violations"] - _baseline[id(transport)]
+
+
+def _cap(data: bytes) -> int:
+    frame = jpeg.parse(data).frame
+    return frame.width * frame.height * 3 if frame is not None and frame.width <= WIDTH else 0
+
+
+def _check_against_pillow(files: dict[str, bytes], outcomes) -> None:
+    for (name, data), outcome in zip(files.items(), outcomes):
+        done = outcome.completion
+        expect, reason, _, _ = expectation(data, WIDTH)
+        if expect == "decode":
+            ref, _ = pillow_rgb(data)
+            assert done.status == 0, f"{name}: status 0x{done.status:02x} ({done.reason})"
+            assert outcome.image.shape == ref.shape and (outcome.image == ref).all(), name
+            assert done.bytes_written == ref.size and done.symbols > 0, name
+        else:
+            assert done.status != 0 and outcome.image is None, f"{name}: expected {expect} {reason}"
+
+
+def test_registers_identify_the_build(sim1):
+    device = _fresh(sim1)
+    assert (device.lanes, device.bus_bytes, device.job_depth, device.done_depth, device.max_width) == \
+        (1, 16, 16, 16, WIDTH)
+    assert device.watchdog == 1 << 24
+    device.watchdog = 1234
+    assert device.watchdog == 1234
+    assert sim1.read32(Reg.JOB_PUSH) == 16 and sim1.read32(Reg.DONE_COUNT) == 0
+
+
+def test_feature_files_equal_pillow(sim1):
+    device = _fresh(sim1)
+    files = feature_files(WIDTH)
+    before = sim1.counters()
+    outcomes = device.decode_batch([(data, _cap(data)) for data in files.values()])
+    _check_against_pillow(files, outcomes)
+    by_name = dict(zip(files, outcomes))
+    assert by_name["progressive"].completion.reason == "progressive"
+    assert by_name["too_wide"].completion.reason == "width"
+    assert by_name["truncated"].completion.reason == "truncated"
+    assert by_name["no_eoi"].completion.reason == "after-scan"
+    after = sim1.counters()
+    assert _violations(sim1) == 0
+    assert after["read_beats"] > before["read_beats"] and after["write_beats"] > before["write_beats"]
+
+
+def test_gaps_latency_and_back_pressure(sim1):
+    """Every ready/valid the memory drives offered in 30 % of clocks, 40 clocks of read
+    latency: same pixels, nothing written out of bounds."""
+    from dlbooster.sim.device import PortBehaviour
+
+    device = _fresh(sim1)
+    sim1.set_port(PortBehaviour(ready_percent=30, latency=40, seed=7))
+    files = {k: v for k, v in feature_files(WIDTH).items() if k in ("420_q85", "422_q1_odd", "gray_q60_odd",
+                                                                    "420_restart_blocks", "no_eoi")}
+    _check_against_pillow(files, device.decode_batch([(d, _cap(d)) for d in files.values()]))
+    assert _violations(sim1) == 0
+
+
+def test_four_lanes_busy_out_of_order_and_identical_to_one_lane(sim1, sim4):
+    files = {f"img{i}": gen(16 + 24 * (i % 5), 16 + 8 * (i % 3), subsampling=i % 3, quality=60 + 4 * i)
+             for i in range(12)}
+    items = [(d, _cap(d)) for d in files.values()]
+    one = _fresh(sim1).decode_batch(items)
+    device = _fresh(sim4)
+    # Four jobs queued: every lane takes one.
+    bufs = []
+    for i, (data, cap) in enumerate(items[:4]):
+        src, dst = sim4.allocate(len(data), writable=False), sim4.allocate(cap)
+        src.array[:] = np.frombuffer(data, np.uint8)
+        bufs += [src, dst]
+        assert device.submit(100 + i, src.device_address, len(data), dst.device_address, cap)
+    sim4.run(50)
+    assert sim4.read32(Reg.BUSY) == 0b1111
+    done = []
+    while device.in_flight:
+        done += device.wait()
+    assert sorted(d.job_id for d in done) == [100, 101, 102, 103]
+    assert {d.lane for d in done} == {0, 1, 2, 3}
+    for b in bufs:
+        b.free()
+    four = device.decode_batch(items)
+    _check_against_pillow(files, four)
+    for a, b in zip(one, four):
+        assert (a.completion.status, a.completion.width, a.completion.height, a.completion.symbols,
+                a.completion.bytes_written) == (b.completion.status, b.completion.width, b.completion.height,
+                                                b.completion.symbols, b.completion.bytes_written)
+        assert (a.image == b.image).all()
+    assert len({o.completion.lane for o in four}) == 4
+    assert _violations(sim4) == 0
+
+
+def test_completions_come_out_of_order_matched_by_id(sim4):
+    device = _fresh(sim4)
+    big = gen(200, 120, subsampling=2, quality=95)
+    small = [gen(16, 16, subsampling=0, quality=50 + i) for i in range(3)]
+    items = [(big, _cap(big))] + [(s, _cap(s)) for s in small]
+    order = []
+    bufs = {}
+    for i, (data, cap) in enumerate(items):
+        src, dst = sim4.allocate(len(data), writable=False), sim4.allocate(cap)
+        src.array[:] = np.frombuffer(data, np.uint8)
+        bufs[i] = dst
+        device.submit(i, src.device_address, len(data), dst.device_address, cap)
+    while device.in_flight:
+        order += device.wait()
+    assert [d.job_id for d in order][-1] == 0, "the big image, submitted first, finishes last"
+    for d in order:
+        ref, _ = pillow_rgb(items[d.job_id][0])
+        assert d.status == 0
+        assert (bufs[d.job_id].array[:ref.size].reshape(ref.shape) == ref).all()
+
+
+def test_output_buffer_too_small_writes_nothing(sim1):
+    device = _fresh(sim1)
+    data = gen(40, 24, subsampling=2, quality=85)
+    cap = 40 * 24 * 3 - 1
+    src, dst = sim1.allocate(len(data), writable=False), sim1.allocate(cap)
+    src.array[:] = np.frombuffer(data, np.uint8)
+    dst.array[:] = 0xA5
+    writes = sim1.counters()["write_beats"]
+    device.submit(7, src.device_address, len(data), dst.device_address, cap)
+    (done,) = device.wait()
+    assert (done.job_id, done.status, done.bytes_written) == (7, DeviceStatus.OUTPUT_TOO_SMALL, 0)
+    assert done.reason == "output-too-small" and (done.width, done.height) == (40, 24)
+    assert (dst.array == 0xA5).all()
+    assert sim1.counters()["write_beats"] == writes and _violations(sim1) == 0
+    # The lane goes on: the same input with room decodes.
+    (ok,) = device.decode_batch([(data, cap + 1)])
+    assert ok.completion.status == 0 and (ok.image == pillow_rgb(data)[0]).all()
+
+
+def test_bad_jobs_and_memory_errors(sim1):
+    device = _fresh(sim1)
+    data = gen(16, 16, subsampling=0, quality=75)
+    src, dst = sim1.allocate(len(data), writable=False), sim1.allocate(16 * 16 * 3)
+    src.array[:] = np.frombuffer(data, np.uint8)
+    device.submit(1, src.device_address + 4, len(data) - 4, dst.device_address, 768)   # unaligned
+    device.submit(2, src.device_address, 0, dst.device_address, 768)                  # empty
+    device.submit(3, sim1.base + (1 << 31), len(data), dst.device_address, 768)        # unmapped input
+    device.submit(4, src.device_address, len(data), src.device_address, 768)           # read-only output
+    done = {}
+    while device.in_flight:
+        done.update({d.job_id: d for d in device.wait()})
+    assert done[1].status == done[2].status == DeviceStatus.BAD_JOB
+    assert done[3].status == DeviceStatus.READ_ERROR
+    assert done[4].status == DeviceStatus.WRITE_ERROR
+    assert (src.array == np.frombuffer(data, np.uint8)).all(), "the device wrote into its input"
+    assert _violations(sim1) > 0
+    (ok,) = device.decode_batch([(data, 768)])
+    assert ok.completion.status == 0
+
+
+@pytest.mark.parametrize("stall", ["reads", "writes"])
+def test_watchdog_ends_a_stalled_job_and_the_lane_recovers(sim1, stall):
+    from dlbooster.sim.device import PortBehaviour
+
+    device = _fresh(sim1)
+    device.watchdog = 3000
+    data = gen(64, 48, subsampling=2, quality=90)
+    src, dst = sim1.allocate(len(data), writable=False), sim1.allocate(_cap(data))
+    src.array[:] = np.frombuffer(data, np.uint8)
+    sim1.set_port(PortBehaviour(stall_reads=stall == "reads", stall_writes=stall == "writes"))
+    device.submit(5, src.device_address, len(data), dst.device_address, _cap(data))
+    (done,) = device.wait(max_clocks=200_000)
+    assert (done.job_id, done.status, done.reason) == (5, DeviceStatus.WATCHDOG, "watchdog")
+    assert 3000 <= done.clocks < 200_000
+    # Its memory transactions are still outstanding: the lane takes no job until they end.
+    assert sim1.read32(Reg.BUSY) == 1
+    sim1.set_port(PortBehaviour())
+    sim1.run(2000)
+    assert sim1.read32(Reg.BUSY) == 0
+    (ok,) = device.decode_batch([(data, _cap(data))])
+    assert ok.completion.status == 0 and (ok.image == pillow_rgb(data)[0]).all()
+    assert _violations(sim1) == 0
+
+
+def test_reset_while_busy_leaves_the_device_usable(sim4):
+    device = _fresh(sim4)
+    data = gen(120, 80, subsampling=2, quality=90)
+    for i in range(6):
+        src, dst = sim4.allocate(len(data), writable=False), sim4.allocate(_cap(data))
+        src.array[:] = np.frombuffer(data, np.uint8)
+        device.submit(i, src.device_address, len(data), dst.device_address, _cap(data))
+    sim4.run(3000)
+    assert sim4.read32(Reg.BUSY) == 0b1111
+    device.reset()
+    assert sim4.read32(Reg.BUSY) == 0 and sim4.read32(Reg.DONE_COUNT) == 0 and sim4.read32(Reg.JOB_PUSH) == 16
+    files = {f"f{i}": gen(24 + 8 * i, 16, subsampling=i % 3, quality=80) for i in range(5)}
+    _check_against_pillow(files, device.decode_batch([(d, _cap(d)) for d in files.values()]))
+
+
+def test_ap_ctrl_hs_and_interrupt(sim1):
+    """Without AUTO_RESTART a start runs the queued jobs, then sets ap_done (clear on
+    read) and ap_idle; the interrupt follows GIE, IER and the toggle-on-write ISR."""
+    device = _fresh(sim1)
+    sim1.reset()
+    data = gen(16, 16, subsampling=2, quality=75)
+    src, dst = sim1.allocate(len(data), writable=False), sim1.allocate(768)
+    src.array[:] = np.frombuffer(data, np.uint8)
+    assert sim1.read32(Reg.AP_CTRL) & (Ctrl.AP_START | Ctrl.AP_IDLE) == Ctrl.AP_IDLE
+    device.submit(9, src.device_address, len(data), dst.device_address, 768)
+    sim1.run(2000)
+    assert sim1.read32(Reg.DONE_COUNT) == 0, "not started: the job waits"
+    sim1.write32(Reg.GIE, 1)
+    sim1.write32(Reg.IER, Irq.AP_DONE)
+    sim1.write32(Reg.AP_CTRL, Ctrl.AP_START)
+    assert sim1.read32(Reg.AP_CTRL) & Ctrl.AP_START
+    assert sim1.wait(100_000)
+    assert sim1.read32(Reg.ISR) == Irq.AP_DONE | Irq.COMPLETION
+    ctrl = sim1.read32(Reg.AP_CTRL)
+    assert ctrl & (Ctrl.AP_DONE | Ctrl.AP_IDLE | Ctrl.AP_READY) == Ctrl.AP_DONE | Ctrl.AP_IDLE | Ctrl.AP_READY
+    assert not ctrl & Ctrl.AP_START
+    assert not sim1.read32(Reg.AP_CTRL) & Ctrl.AP_DONE, "ap_done clears on read"
+    sim1.write32(Reg.ISR, Irq.AP_DONE)
+    assert sim1.read32(Reg.ISR) == Irq.COMPLETION
+    sim1.run(10)
+    assert not sim1.wait(10), "IER masks the completion bit"
+    (done,) = device.poll()
+    assert done.job_id == 9 and done.status == 0
+
+
+def test_cli_decode_backend_sim(tmp_path, capsys):
+    from dlbooster.cli import main
+
+    files = {"a.jpg": gen(24, 16, subsampling=2, quality=80), "b.jpg": gen(16, 16, progressive=True),
+             "c.jpg": b"not a jpeg at all"}
+    for name, data in files.items():
+        (tmp_path / name).write_bytes(data)
+    code = main(["decode", "--backend", "sim", "--max-width", str(WIDTH), "--lanes", "4", "--json", "--verify",
+                 str(tmp_path)])
+    out = json.loads(capsys.readouterr().out)
+    assert code == 1, "c.jpg is an error, as it is for Pillow"
+    by_name = {r["path"].rsplit("/", 1)[1]: r for r in out["results"]}
+    assert by_name["a.jpg"]["status"] == "ok" and by_name["a.jpg"]["backend"] == "sim"
+    assert by_name["a.jpg"]["cycles"] > 0 and by_name["a.jpg"]["symbols"] > 0
+    assert by_name["b.jpg"]["status"] == "fallback" and by_name["b.jpg"]["reason"] == "progressive"
+    assert by_name["b.jpg"]["cycles"] > 0
+    assert by_name["c.jpg"]["status"] == "error"
+    assert out["summary"]["pillow_mismatches"] == 0
