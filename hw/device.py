@@ -94,7 +94,8 @@ class Device(wiring.Component):
             m.d.sync += bvalid.eq(1)
         with m.Elif(ctl("bready")):
             m.d.sync += bvalid.eq(0)
-        waddr = ctl("awaddr")[2:8]
+        # Offsets above the register map do not alias onto it: writes there are ignored.
+        waddr = Mux(ctl("awaddr")[8:] == 0, ctl("awaddr")[2:8], 0x3F)
         wdata = ctl("wdata")
         push = Signal()
         pop = Signal()
@@ -126,7 +127,8 @@ class Device(wiring.Component):
                     m.d.comb += push.eq(1)
                 with m.Case(Reg.DONE_POP >> 2):
                     m.d.comb += pop.eq(1)
-        m.d.sync += isr.eq((isr | isr_set) ^ isr_toggle)
+        # A new event wins over a clear written in the same clock (none is lost).
+        m.d.sync += isr.eq((isr ^ isr_toggle) | isr_set)
         m.d.comb += [jobs.w_data.eq(staged), jobs.w_en.eq(push), dones.r_en.eq(pop),
                      self.interrupt.eq(gie & (ier & isr).any())]
 
@@ -155,7 +157,7 @@ class Device(wiring.Component):
         }
         with m.If(ctl("arvalid") & ~rvalid):
             m.d.sync += [rvalid.eq(1), rdata.eq(0)]
-            with m.Switch(ctl("araddr")[2:8]):
+            with m.Switch(Mux(ctl("araddr")[8:] == 0, ctl("araddr")[2:8], 0x3F)):
                 for reg, value in values.items():
                     with m.Case(reg >> 2):
                         m.d.sync += rdata.eq(value)
