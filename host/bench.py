@@ -21,6 +21,10 @@ Inputs default to the ImageNet sample photos of the shared corpus
   image checked byte for byte against Pillow. ``--all`` also runs the files the
   hardware profile excludes and judges each outcome (:mod:`dlbooster.sim.verify`:
   the expected stop, a clock bound from the file size, no pixels past W x H).
+- ``bench device``: the simulated decoder device (:mod:`dlbooster.sim.device`) through
+  the host driver, for each ``--lanes`` value: simulated device clocks per second of
+  wall time (one core), images/s of simulated decode, device clocks per image and the
+  images/s the same clocks give at 250 MHz; every image checked against Pillow.
 """
 
 from __future__ import annotations
@@ -31,6 +35,7 @@ import platform
 import statistics
 import sys
 import time
+from collections import Counter
 from datetime import date
 from pathlib import Path
 
@@ -43,7 +48,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                        ("decode", "Pillow vs cpu backend vs reference model, images/s"),
                        ("entropy", "entropy decoder core in Verilator: symbols per clock"),
                        ("idct", "IDCT core in Verilator: IEEE 1180, clocks/block, stalls it causes"),
-                       ("lane", "whole decoder lane in Verilator: clocks per pixel, RGB vs Pillow")):
+                       ("lane", "whole decoder lane in Verilator: clocks per pixel, RGB vs Pillow"),
+                       ("device", "simulated decoder device: clocks/s, images/s, 1..N lanes")):
         p = kinds.add_parser(kind, help=text, description=text)
         p.add_argument("paths", nargs="*", metavar="PATH",
                        help="files or folders (default: the corpus ImageNet sample photos)")
@@ -64,6 +70,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
             p.add_argument("--recode", metavar="SUBSAMPLING@QUALITY",
                            help="re-encode every input with Pillow first, e.g. 4:2:0@90 "
                                 "(subsampling 4:4:4, 4:2:2, 4:2:0 or gray)")
+        elif kind == "device":
+            p.add_argument("--lanes", default="1", help="comma-separated lane counts of the builds to run")
+            p.add_argument("--max-width", type=int, default=8192, help="the device's line-buffer width")
         elif kind == "entropy":
             p.add_argument("--per-file", action="store_true", help="print a row per file")
             p.add_argument("--ready", type=int, default=100,
@@ -390,6 +399,47 @@ def bench_lane(files: list[tuple[str, bytes]], max_width: int, every_file: bool 
             "wall_s": wall, "simulation_s": sim_s, "outcomes": outcomes, "totals": totals, "per_file": rows, **_machine()}
 
 
+def bench_device(files: list[tuple[str, bytes]], lanes_list: list[int], max_width: int) -> dict:
+    """The hardware-decodable files (pre-screen and classify pass) through the simulated
+    device, all queued at once, per lane count."""
+    from . import jpeg
+    from .backends import decode_pillow
+    from .device import DecoderDevice
+    from .sim.device import SimTransport
+
+    items, names = [], []
+    for path, data in files:
+        info = jpeg.parse(data)
+        if data and jpeg.classify(info, max_width=max_width) is None:
+            items.append((data, info.frame.width * info.frame.height * 3))
+            names.append(path)
+    configs = []
+    for lanes in lanes_list:
+        with SimTransport(lanes=lanes, max_width=max_width) as sim:
+            device = DecoderDevice(sim)
+            device.start()
+            before = sim.counters()
+            t0 = time.perf_counter()
+            outcomes = device.decode_batch(items)
+            wall = time.perf_counter() - t0
+            clocks = sim.counters()["clocks"] - before["clocks"]
+        differ = sum(o.image is None or not (o.image == decode_pillow(data)).all()
+                     for o, (data, _) in zip(outcomes, items))
+        job_clocks = [o.completion.clocks for o in outcomes]
+        pixels = sum(cap // 3 for _, cap in items)
+        configs.append({"lanes": lanes, "images": len(items), "pixels": pixels, "device_clocks": clocks,
+                        "wall_s": wall, "simulated_clocks_per_s": clocks / wall, "images_per_s": len(items) / wall,
+                        "mean_job_clocks": statistics.fmean(job_clocks) if job_clocks else 0.0,
+                        "device_clocks_per_image": clocks / max(len(items), 1),
+                        "images_per_s_at_250mhz": 250e6 * len(items) / max(clocks, 1),
+                        "statuses": {str(k): v for k, v in sorted(
+                            Counter(o.completion.status for o in outcomes).items())},
+                        "differ_from_pillow": differ,
+                        "lanes_used": len({o.completion.lane for o in outcomes})})
+    return {"benchmark": "simulated decoder device (Verilator, C++ memory model)", "max_width": max_width,
+            "files": names, "configs": configs, **_machine()}
+
+
 def _print_idct(result: dict) -> None:
     for config in result["configs"]:
         lanes = config["lanes"]
@@ -442,6 +492,15 @@ def run(args: argparse.Namespace) -> int:
               f"{result['failed']} failed; "
               f"{result['simulated_clocks_per_s'] / 1e6:.2f} M simulated clocks/s")
         failed = bool(result["failed"])
+    elif args.kind == "device":
+        result = bench_device(files, [int(x) for x in args.lanes.split(",")], args.max_width)
+        print(_table(["lanes", "images", "device clocks", "wall s", "M clocks/s", "images/s (sim)",
+                      "clocks/image", "images/s at 250 MHz", "differ from Pillow"],
+                     [[c["lanes"], c["images"], c["device_clocks"], f"{c['wall_s']:.2f}",
+                       f"{c['simulated_clocks_per_s'] / 1e6:.3f}", f"{c['images_per_s']:.2f}",
+                       round(c["device_clocks_per_image"]), round(c["images_per_s_at_250mhz"]),
+                       c["differ_from_pillow"]] for c in result["configs"]]))
+        failed = any(c["differ_from_pillow"] for c in result["configs"])
     elif args.kind == "idct":
         result = bench_idct(files, [int(x) for x in args.lanes.split(",")], args.ieee_blocks)
         _print_idct(result)
