@@ -390,7 +390,7 @@ def test_decode_result_accepts_backend_instances():
 
 
 def test_get_backend():
-    assert dlbooster.BACKENDS == ("auto", "cpu", "model")
+    assert dlbooster.BACKENDS == ("auto", "cpu", "model", "sim")
     assert isinstance(dlbooster.get_backend("cpu"), backends.CpuBackend)
     assert isinstance(dlbooster.get_backend("auto"), backends.CpuBackend)
     model_backend = dlbooster.get_backend("model", max_width=64)
