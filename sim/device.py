@@ -38,8 +38,9 @@ _FLAGS = ["--cc", "--exe", "--build", "-j", "2", "-O3", "--x-assign", "fast", "-
 
 
 def _source_key(params: dict) -> str:
-    """Hash of everything the Verilog depends on: the gateware sources, the parameters,
-    Amaranth's version; plus the harness source, the flags and Verilator's version."""
+    """Hash of everything the build depends on: the gateware sources, the parameters,
+    Amaranth's version, the flattening script (sim/flow.py); the harness source, the
+    flags and Verilator's version."""
     import amaranth
 
     import dlbooster.hw as hw
@@ -50,6 +51,7 @@ def _source_key(params: dict) -> str:
     version = subprocess.run(["verilator", "--version"], capture_output=True, text=True).stdout
     digest.update(json.dumps([params, amaranth.__version__, version, _FLAGS]).encode())
     digest.update(_CPP.read_bytes())
+    digest.update((Path(__file__).parent / "flow.py").read_bytes())   # the flattening script
     return digest.hexdigest()[:20]
 
 
