@@ -91,6 +91,7 @@ class DecoderDevice:
         self.max_width = t.read32(Reg.MAX_WIDTH)
         self._free_slots = 0
         self.in_flight: set[int] = set()
+        self._next_id = getattr(self, "_next_id", 0)   # job ids never repeat across batches
 
     def start(self) -> None:
         """Streaming mode: lanes take jobs as they are queued (``AP_START | AUTO_RESTART``),
@@ -127,7 +128,13 @@ class DecoderDevice:
             job_id: 32-bit id, echoed in its completion.
             in_addr, in_len: the JPEG's device address (aligned to the bus word) and length, bytes.
             out_addr, out_cap: the output buffer's device address (aligned) and size, bytes.
+
+        Raises:
+            ValueError: a length does not fit 32 bits (the device itself completes a job
+                with ``in_len`` 0 or an unaligned address as BAD_JOB).
         """
+        if not (0 <= in_len < 1 << 32 and 0 <= out_cap < 1 << 32):
+            raise ValueError(f"job {job_id}: lengths must fit the 32-bit registers ({in_len}, {out_cap})")
         if self._free_slots == 0 and self.free_slots() == 0:
             return False
         t = self.transport
@@ -180,43 +187,67 @@ class DecoderDevice:
         """Decode many files, keeping the job FIFO full; results in input order.
 
         Args:
-            items: ``(jpeg_bytes, output_capacity)`` per input; the capacity (bytes) is
-                normally ``width * height * 3`` from the frame header.
+            items: ``(jpeg_bytes, output_capacity)`` per input (non-empty bytes); the
+                capacity (bytes) is normally ``width * height * 3`` from the frame header.
 
         Returns:
             One :class:`JobOutcome` per item.
+
+        Raises:
+            MemoryError: one input's buffers do not fit the device memory even with
+                nothing else in flight.
+            DeviceError: the device stopped answering; it is reset before the buffers
+                are released, so it cannot write into them afterwards.
         """
         t = self.transport
         word = self.bus_bytes
-        buffers: dict[int, tuple] = {}
+        buffers: dict[int, tuple] = {}          # job id -> (item index, src, dst)
         outcomes: list[JobOutcome | None] = [None] * len(items)
         next_item = 0
         try:
-            while next_item < len(items) or self.in_flight:
+            while next_item < len(items) or buffers:
                 while next_item < len(items):
-                    data, cap = items[next_item]
                     if self._free_slots == 0 and self.free_slots() == 0:
                         break
-                    src = t.allocate(max(len(data), word), writable=False)
+                    data, cap = items[next_item]
+                    try:
+                        src = t.allocate(max(len(data), word), writable=False)
+                    except MemoryError:
+                        if buffers:
+                            break                 # room comes back as jobs complete
+                        raise
+                    try:
+                        dst = t.allocate(max(cap, word))
+                    except MemoryError:
+                        src.free()
+                        if buffers:
+                            break
+                        raise
                     src.array[:len(data)] = np.frombuffer(data, np.uint8)
                     src.sync_to_device()
-                    dst = t.allocate(max(cap, word))
-                    buffers[next_item] = (src, dst)
-                    self.submit(next_item, src.device_address, len(data), dst.device_address, cap)
+                    job_id = self._next_id
+                    self._next_id = (self._next_id + 1) & 0xFFFFFFFF
+                    buffers[job_id] = (next_item, src, dst)
+                    self.submit(job_id, src.device_address, len(data), dst.device_address, cap)
                     next_item += 1
                 for done in self.wait():
-                    src, dst = buffers.pop(done.job_id)
+                    if done.job_id not in buffers:
+                        continue                  # not this batch's (an earlier, abandoned call)
+                    index, src, dst = buffers.pop(done.job_id)
                     image = None
                     if done.status == 0:
                         dst.sync_from_device()
                         n = done.width * done.height * 3
                         image = dst.array[:n].reshape(done.height, done.width, 3).copy()
-                    outcomes[done.job_id] = JobOutcome(done, image)
+                    outcomes[index] = JobOutcome(done, image)
                     src.free()
                     dst.free()
+        except BaseException:
+            if buffers:
+                self.reset()                      # no device access to buffers about to be freed
+            raise
         finally:
-            for src, dst in buffers.values():
+            for _, src, dst in buffers.values():
                 src.free()
                 dst.free()
         return outcomes
-

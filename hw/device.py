@@ -13,9 +13,10 @@ kernels) and that the simulated device (:mod:`dlbooster.sim.device`) runs:
 
 Jobs are taken from the job FIFO by the lowest-numbered idle lane, one per clock, while
 the device is started; completions enter the completion FIFO in the order jobs finish
-(match them by job id). The read and write address channels are granted to the
-lowest-numbered lane asking (held until accepted, as AXI4 requires); a write burst's
-data follows its address before the next write address is granted.
+(match them by job id). The read address channel is granted to the lowest-numbered lane asking
+(held until accepted, as AXI4 requires); the write address and data channels together
+to the lowest-numbered lane asking, until its address is accepted and its ``WLAST``
+taken (its data may be offered before its address is accepted).
 """
 
 from amaranth import Cat, ClockDomain, ClockSignal, Module, Mux, ResetSignal, Signal
@@ -34,7 +35,7 @@ class Device(wiring.Component):
     """The decoder device (see the module docstring).
 
     Args:
-        lanes: decoder lanes (1..255).
+        lanes: decoder lanes (1..32).
         max_width: widest image, pixels (each lane's line buffers).
         data_width: AXI4 data width, bits (64, 128, 256 or 512).
         job_depth: job FIFO entries.
@@ -45,7 +46,7 @@ class Device(wiring.Component):
 
     def __init__(self, lanes: int = 1, max_width: int = 8192, data_width: int = 128, job_depth: int = 16,
                  done_depth: int = 16, watchdog: int = 1 << 24, idct_lanes: int = 4):
-        assert 1 <= lanes <= 255
+        assert 1 <= lanes <= 32 and job_depth <= 255     # BUSY and CONFIG field widths
         self.lanes, self.max_width, self.data_width = lanes, max_width, data_width
         self.job_depth, self.done_depth, self.watchdog, self.idct_lanes = job_depth, done_depth, watchdog, idct_lanes
         self.id_width = max(1, (lanes - 1).bit_length())
@@ -80,7 +81,7 @@ class Device(wiring.Component):
         isr = Signal(2)
         watchdog = Signal(32, init=self.watchdog)
         staged = Signal(Job)
-        all_idle = ~jobs.r_rdy & ~Cat(e.busy for e in engines).any()
+        all_idle = (jobs.level == 0) & ~Cat(e.busy for e in engines).any()
         finished = started & all_idle & ~auto_restart
         with m.If(finished):
             m.d.sync += [started.eq(0), ap_done.eq(1)]
@@ -191,40 +192,52 @@ class Device(wiring.Component):
     def _memory_port(self, m, engines, mem):
         """Arbitrate the lanes' buses onto the AXI4 master."""
         size = (self.data_width // 8).bit_length() - 1
-        w_busy = Signal()         # a write burst's data is being sent
         for ch in ("ar", "aw"):
-            locked = Signal(name=f"{ch}_locked")
-            owner = Signal(self.id_width, name=f"{ch}_owner")
-            choice = Signal(self.id_width, name=f"{ch}_choice")
-            for i in reversed(range(self.lanes)):
-                with m.If(getattr(engines[i].bus, ch).valid):
-                    m.d.comb += choice.eq(i)
-            sel = Mux(locked, owner, choice)
-            gate = 1 if ch == "ar" else ~w_busy
-            valid = Signal(name=f"{ch}_valid")
-            req = [getattr(e.bus, ch) for e in engines]
-            for i, r in enumerate(req):
-                with m.If(sel == i):
-                    m.d.comb += [valid.eq(r.valid & gate), mem(f"{ch}addr").eq(r.payload.addr),
-                                 mem(f"{ch}len").eq(r.payload.len)]
-            ready = mem(f"{ch}ready")
-            for i, r in enumerate(req):
-                m.d.comb += r.ready.eq(ready & valid & (sel == i))
-            m.d.comb += [mem(f"{ch}valid").eq(valid), mem(f"{ch}id").eq(sel), mem(f"{ch}size").eq(size),
-                         mem(f"{ch}burst").eq(1), mem(f"{ch}cache").eq(0b0011)]
-            m.d.sync += [locked.eq(valid & ~ready), owner.eq(sel)]
-            if ch == "aw":
-                w_owner = Signal(self.id_width)
-                with m.If(valid & ready):
-                    m.d.sync += [w_busy.eq(1), w_owner.eq(sel)]
-                with m.Elif(mem("wvalid") & mem("wready") & mem("wlast")):
-                    m.d.sync += w_busy.eq(0)
-                for i, e in enumerate(engines):
-                    w = e.bus.w
-                    with m.If(w_owner == i):
-                        m.d.comb += [mem("wvalid").eq(w.valid & w_busy), mem("wdata").eq(w.payload.data),
-                                     mem("wstrb").eq(w.payload.strb), mem("wlast").eq(w.payload.last)]
-                    m.d.comb += w.ready.eq(mem("wready") & w_busy & (w_owner == i))
+            m.d.comb += [mem(f"{ch}size").eq(size), mem(f"{ch}burst").eq(1), mem(f"{ch}cache").eq(0b0011)]
+
+        # Reads: the request presented is held, with its lane, until accepted.
+        locked = Signal()
+        owner = Signal(self.id_width)
+        choice = Signal(self.id_width)
+        for i in reversed(range(self.lanes)):
+            with m.If(engines[i].bus.ar.valid):
+                m.d.comb += choice.eq(i)
+        sel = Mux(locked, owner, choice)
+        for i, e in enumerate(engines):
+            ar = e.bus.ar
+            with m.If(sel == i):
+                m.d.comb += [mem("arvalid").eq(ar.valid), mem("araddr").eq(ar.payload.addr),
+                             mem("arlen").eq(ar.payload.len)]
+            m.d.comb += ar.ready.eq(mem("arready") & (sel == i))
+        m.d.comb += mem("arid").eq(sel)
+        m.d.sync += [locked.eq(mem("arvalid") & ~mem("arready")), owner.eq(sel)]
+
+        # Writes: a lane is granted address and data channels together, until both its
+        # address is accepted and its WLAST is taken; its data may go first.
+        aw_pending = Signal()
+        w_pending = Signal()
+        writer = Signal(self.id_width)
+        asking = Signal(self.id_width)
+        for i in reversed(range(self.lanes)):
+            with m.If(engines[i].bus.aw.valid):
+                m.d.comb += asking.eq(i)
+        with m.If(~aw_pending & ~w_pending & Cat(e.bus.aw.valid for e in engines).any()):
+            m.d.sync += [writer.eq(asking), aw_pending.eq(1), w_pending.eq(1)]
+        with m.If(mem("awvalid") & mem("awready")):
+            m.d.sync += aw_pending.eq(0)
+        with m.If(mem("wvalid") & mem("wready") & mem("wlast")):
+            m.d.sync += w_pending.eq(0)
+        for i, e in enumerate(engines):
+            aw, w = e.bus.aw, e.bus.w
+            mine = writer == i
+            with m.If(mine):
+                m.d.comb += [mem("awvalid").eq(aw_pending & aw.valid), mem("awaddr").eq(aw.payload.addr),
+                             mem("awlen").eq(aw.payload.len), mem("wvalid").eq(w_pending & w.valid),
+                             mem("wdata").eq(w.payload.data), mem("wstrb").eq(w.payload.strb),
+                             mem("wlast").eq(w.payload.last)]
+            m.d.comb += [aw.ready.eq(mem("awready") & aw_pending & mine),
+                         w.ready.eq(mem("wready") & w_pending & mine)]
+        m.d.comb += mem("awid").eq(writer)
         for i, e in enumerate(engines):
             m.d.comb += [e.bus.r.valid.eq(mem("rvalid") & (mem("rid") == i)),
                          e.bus.r.payload.data.eq(mem("rdata")),

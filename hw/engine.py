@@ -96,10 +96,11 @@ class LaneEngine(wiring.Component):
 
         with m.FSM():
             with m.State("IDLE"):
-                m.d.comb += [self.job.ready.eq(1), lane_reset.eq(1)]
+                # Quiet already, but never a new job over an old job's memory traffic.
+                m.d.comb += [self.job.ready.eq(quiet), lane_reset.eq(1)]
                 p = self.job.payload
                 bad = (p.in_len == 0) | ((p.in_addr | p.out_addr) & word_mask).any()
-                with m.If(self.job.valid):
+                with m.If(self.job.valid & quiet):
                     m.d.sync += [job.eq(p), out.id.eq(p.id), out.status.eq(Mux(bad, DeviceStatus.BAD_JOB, 0)),
                                  out.width.eq(0), out.height.eq(0), out.clocks.eq(0), out.symbols.eq(0),
                                  idle.eq(0)]

@@ -91,6 +91,9 @@ class JobReader(wiring.Component):
                          bytes_left.eq(self.length), sub.eq(0), self.error.eq(0)]
         with m.Elif(arrived & r.payload.err):
             m.d.sync += self.error.eq(1)
+        # A cancelled job asks for nothing more, even once ``cancel`` falls again.
+        with m.If(self.cancel & ~self.start):
+            m.d.sync += [words_left.eq(0), bytes_left.eq(0), sub.eq(0)]
 
         # Unpack the head word into 4-byte beats.
         o = self.o

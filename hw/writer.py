@@ -10,7 +10,7 @@ Bounds: every byte taken counts against ``capacity``; a beat that would pass it 
 dropped and ``overflow`` set, so no strobe ever covers a byte at or past
 ``addr + capacity``. A burst is asked for only when all its words are buffered, never
 crosses a ``burst * W``-byte boundary (hence never a 4 KiB one, AXI4 A3.4.1), and its
-data follows at once.
+data is offered at once, without waiting for the address to be accepted.
 """
 
 from amaranth import Cat, Module, Mux, Signal
@@ -27,6 +27,9 @@ __all__ = ["JobWriter"]
 class JobWriter(wiring.Component):
     """Writes one job's output (see the module docstring).
 
+    At most :attr:`MAX_PENDING` bursts wait for their write responses; a memory that holds
+    responses back holds the writer back.
+
     Args:
         data_width: bus width in bits (64, 128, 256 or 512).
         depth: FIFO depth in bus words (at least ``2 * burst``).
@@ -36,7 +39,8 @@ class JobWriter(wiring.Component):
         start: pulse: load ``addr`` (bytes, aligned to the bus word) and ``capacity`` (bytes).
         i: :func:`~dlbooster.hw.color.rgb_pixels` ``(8)`` stream.
         flush: level: the input has ended; write out the partial last word.
-        discard: level: write nothing more (a burst already asked for still completes)
+        discard: level: write nothing more (a burst already asked for is still sent, with
+            no strobes set)
             and drop everything buffered or offered.
         bus: ``aw``, ``w`` and ``b`` of a :data:`~dlbooster.hw.axi.LaneBus`.
         written: bytes sent with their strobes set since ``start``.
@@ -45,6 +49,8 @@ class JobWriter(wiring.Component):
         error: a write response since ``start`` was not OKAY.
         progress: a request, data beat or response moved this clock (for the watchdog).
     """
+
+    MAX_PENDING = 16
 
     def __init__(self, data_width: int = 128, depth: int = 32, burst: int = 16):
         assert data_width in (64, 128, 256, 512) and depth >= 2 * burst
@@ -101,11 +107,12 @@ class JobWriter(wiring.Component):
         with m.Elif(self.i.valid & self.i.ready & ~self.discard & ~fits):
             m.d.sync += self.overflow.eq(1)
 
-        # Bursts: ask when the burst's words are all buffered (fewer at the end), then send them.
+        # Bursts: ask when the burst's words are all buffered (fewer at the end); the data
+        # may go before the address is accepted (AXI4 A3.3.1: a slave may wait for WVALID).
         word = Signal(64 - shift)
         aw_valid = Signal()
         w_left = Signal(range(self.burst + 1))    # beats of the current burst still to send
-        pending = Signal(range(self.depth + 2))   # bursts asked whose response is not back
+        pending = Signal(range(self.MAX_PENDING + 1))   # bursts asked whose response is not back
         aw, w, b = self.bus.aw, self.bus.w, self.bus.b
         to_boundary = self.burst - word[:self.burst.bit_length() - 1]
         level = fifo.level
@@ -113,30 +120,32 @@ class JobWriter(wiring.Component):
         ready_to_ask = (level >= to_boundary) | (self.flush & ~self.i.valid & (count == 0) & (level != 0))
         m.d.comb += aw.valid.eq(aw_valid)
         asked = Signal()
-        with m.If(~aw_valid & (w_left == 0) & ~self.discard & ~self.start & ready_to_ask):
+        with m.If(~aw_valid & (w_left == 0) & (pending < self.MAX_PENDING) & ~self.discard & ~self.start
+                  & ready_to_ask):
             m.d.sync += [aw_valid.eq(1), aw.payload.addr.eq(word << shift), aw.payload.len.eq(length - 1),
-                         word.eq(word + length)]
+                         word.eq(word + length), w_left.eq(length)]
             m.d.comb += asked.eq(1)
         with m.Elif(aw.ready):
             m.d.sync += aw_valid.eq(0)
         with m.If(self.start):
             m.d.sync += word.eq(self.addr[shift:])
-        sent = aw.valid & aw.ready
-        with m.If(sent):
-            m.d.sync += w_left.eq(aw.payload.len + 1)
+        # Beats sent after ``discard`` (a burst already asked for) carry no strobes: the
+        # host may have taken the buffer back once the job completed.
         m.d.comb += [w.valid.eq((w_left != 0) & fifo.r_rdy), w.payload.data.eq(head.data),
                      w.payload.last.eq(w_left == 1)]
-        m.d.comb += w.payload.strb.eq(Mux(head.n == wb, (1 << wb) - 1, (1 << head.n) - 1))
+        m.d.comb += w.payload.strb.eq(Mux(self.discard, 0, Mux(head.n == wb, (1 << wb) - 1, (1 << head.n) - 1)))
         with m.If(w.valid & w.ready):
             m.d.comb += fifo.r_en.eq(1)
-            m.d.sync += [w_left.eq(w_left - 1), self.written.eq(self.written + head.n)]
+            m.d.sync += w_left.eq(w_left - 1)
+            with m.If(~self.discard):
+                m.d.sync += self.written.eq(self.written + head.n)
         with m.Elif(self.discard & (w_left == 0) & ~aw_valid & ~asked):
             m.d.comb += fifo.r_en.eq(1)
         with m.If(self.start):
             m.d.sync += [self.written.eq(0), self.error.eq(0)]
         with m.Elif(b.valid & b.payload.err):
             m.d.sync += self.error.eq(1)
-        m.d.sync += pending.eq(pending + sent - b.valid)
+        m.d.sync += pending.eq(pending + asked - b.valid)
         m.d.comb += [self.quiet.eq((count == 0) & (fifo.level == 0) & ~aw_valid & (w_left == 0) & (pending == 0)),
-                     self.progress.eq(sent | (w.valid & w.ready) | b.valid | take)]
+                     self.progress.eq((aw.valid & aw.ready) | (w.valid & w.ready) | b.valid | take)]
         return m

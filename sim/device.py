@@ -89,7 +89,10 @@ def build_device_library(lanes: int = 1, max_width: int = 8192, data_width: int 
                    str(build_dir / f"{TOP}.v"), str(_CPP)]
             with open(build_dir / "build.log", "w") as log:
                 subprocess.run(cmd, check=True, stdout=log, stderr=subprocess.STDOUT, env=env)
-    index.write_text(str(lib))
+    # Written whole or not at all: a concurrent reader never sees a partial path.
+    partial = index.with_name(f"{index.name}.{os.getpid()}")
+    partial.write_text(str(lib))
+    os.replace(partial, index)
     return lib
 
 

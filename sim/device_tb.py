@@ -23,7 +23,8 @@ Checked throughout (:class:`AxiMonitor`), on every clock edge:
 - ``RREADY`` and ``BREADY`` are always high (the device's documented contract);
 - every burst is INCR, ``AxSIZE`` = the bus word, at most 16 beats, word-aligned, inside
   one 4 KiB page (A3.4.1); reads only inside a job's input words, writes only inside a
-  job's output words; W beats follow their AW in order, ``WLAST`` exactly on each burst's
+  job's output words; W beats belong to their AW in order (they may come first),
+  ``WLAST`` exactly on each burst's
   last beat;
 - AXI4-Lite: ``BVALID``/``RVALID`` stay high with stable ``BRESP``/``RDATA``/``RRESP``
   until ``BREADY``/``RREADY``; every response is OKAY.
@@ -128,6 +129,7 @@ class AxiMonitor:
         #: Clocks each channel's VALID waited for READY.
         self.stalls: Counter[str] = Counter()
         self._w_queue: list[tuple[Burst, int]] = []   # bursts whose data is due, beats sent
+        self._w_early: list[tuple[int, int, int]] = []  # W beats taken before their AW (allowed)
         self._held: dict[str, tuple] = {}
         self._reset_edges = 0
         mem = lambda name: getattr(dut, f"m_axi_gmem_{name}")        # noqa: E731
@@ -168,6 +170,7 @@ class AxiMonitor:
                 self._reset_edges += 1
                 self._held.clear()
                 self._w_queue.clear()
+                self._w_early.clear()
                 continue
             self._reset_edges = 0
             if not (int(dut.m_axi_gmem_rready.value) and int(dut.m_axi_gmem_bready.value)):
@@ -211,10 +214,15 @@ class AxiMonitor:
         else:
             self.writes.append(record)
             self._w_queue.append((record, 0))
+            early, self._w_early = self._w_early, []
+            for beat in early:
+                self._beat(*beat)
 
     def _beat(self, data: int, strb: int, last: int) -> None:
         if not self._w_queue:
-            self._flag("W beat without an accepted AW")
+            # A master may send write data before its address is accepted (AXI4 A3.3.1);
+            # it is checked against the burst once the AW arrives.
+            self._w_early.append((data, strb, last))
             return
         record, sent = self._w_queue[0]
         sent += 1
@@ -339,6 +347,7 @@ class Testbench:
 
     def check_protocol(self) -> None:
         assert not self.monitor.violations, "AXI rule violations:\n" + "\n".join(self.monitor.violations)
+        assert not self.monitor._w_early, f"{len(self.monitor._w_early)} W beats never got their AW"
 
     # Registers (as dlbooster.device.DecoderDevice programs them) ----------------------
 

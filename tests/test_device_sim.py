@@ -175,19 +175,27 @@ def test_completions_come_out_of_order_matched_by_id(sim4):
 
 
 def test_output_buffer_too_small_writes_nothing(sim1):
+    """Found from the frame header: nothing written, and the rest of the (long) input is
+    not read either, before or after the completion."""
     device = _fresh(sim1)
-    data = gen(40, 24, subsampling=2, quality=85)
-    cap = 40 * 24 * 3 - 1
+    data = gen(200, 120, subsampling=0, quality=98)
+    cap = 200 * 120 * 3 - 1
     src, dst = sim1.allocate(len(data), writable=False), sim1.allocate(cap)
     src.array[:] = np.frombuffer(data, np.uint8)
     dst.array[:] = 0xA5
-    writes = sim1.counters()["write_beats"]
+    writes, reads0 = sim1.counters()["write_beats"], sim1.counters()["read_beats"]
     device.submit(7, src.device_address, len(data), dst.device_address, cap)
     (done,) = device.wait()
     assert (done.job_id, done.status, done.bytes_written) == (7, DeviceStatus.OUTPUT_TOO_SMALL, 0)
-    assert done.reason == "output-too-small" and (done.width, done.height) == (40, 24)
+    assert done.reason == "output-too-small" and (done.width, done.height) == (200, 120)
     assert (dst.array == 0xA5).all()
     assert sim1.counters()["write_beats"] == writes and _violations(sim1) == 0
+    reads = sim1.counters()["read_beats"]
+    assert reads - reads0 < len(data) // 16 / 2, "the input past the frame header was read"
+    src.free()                       # the host takes the input back: the device must not touch it
+    sim1.run(5000)
+    assert sim1.counters()["read_beats"] == reads and _violations(sim1) == 0
+    assert sim1.read32(Reg.BUSY) == 0
     # The lane goes on: the same input with room decodes.
     (ok,) = device.decode_batch([(data, cap + 1)])
     assert ok.completion.status == 0 and (ok.image == pillow_rgb(data)[0]).all()

@@ -113,11 +113,13 @@ static void step(Sim *s) {
     }
     t->ap_clk = 0;
     t->eval();
-    bool ar = t->m_axi_gmem_arvalid && t->m_axi_gmem_arready;
-    bool aw = t->m_axi_gmem_awvalid && t->m_axi_gmem_awready;
-    bool w = t->m_axi_gmem_wvalid && t->m_axi_gmem_wready;
-    bool r = r_offer && t->m_axi_gmem_rready;
-    bool b = b_offer && t->m_axi_gmem_bready;
+    // Nothing is transferred while the device is held in reset.
+    bool live = t->ap_rst_n;
+    bool ar = live && t->m_axi_gmem_arvalid && t->m_axi_gmem_arready;
+    bool aw = live && t->m_axi_gmem_awvalid && t->m_axi_gmem_awready;
+    bool w = live && t->m_axi_gmem_wvalid && t->m_axi_gmem_wready;
+    bool r = live && r_offer && t->m_axi_gmem_rready;
+    bool b = live && b_offer && t->m_axi_gmem_bready;
     Burst ar_burst{}, aw_burst{};
     if (ar) ar_burst = {t->m_axi_gmem_arid, t->m_axi_gmem_araddr, (uint32_t)t->m_axi_gmem_arlen + 1u,
                         s->clocks + s->latency, false};
@@ -164,7 +166,11 @@ void *dlb_open() {
     auto *s = new Sim;
     s->top = new Vdlbooster_decoder;
     void *m = mmap(nullptr, MEM_BYTES, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
-    if (m == MAP_FAILED) return nullptr;
+    if (m == MAP_FAILED) {
+        delete s->top;
+        delete s;
+        return nullptr;
+    }
     s->mem = (uint8_t *)m;
     s->perm.assign(MEM_BYTES / PAGE, 0);
     auto *t = s->top;
@@ -211,11 +217,11 @@ void dlb_set_port(void *h, uint32_t ready_percent, uint32_t latency, uint32_t se
 // ap_rst_n low for `clocks` clocks; the memory side forgets every transaction in flight.
 void dlb_reset(void *h, uint32_t clocks) {
     auto *s = (Sim *)h;
+    s->top->ap_rst_n = 0;
+    for (uint32_t i = 0; i < clocks; ++i) step(s);
     s->reads.clear();
     s->writes.clear();
     s->responses.clear();
-    s->top->ap_rst_n = 0;
-    for (uint32_t i = 0; i < clocks; ++i) step(s);
     s->top->ap_rst_n = 1;
 }
 
