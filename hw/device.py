@@ -26,7 +26,7 @@ from amaranth.lib.wiring import In, Out
 
 from .axi import Resp, axi4_lite_slave_ports, axi4_master_ports
 from .engine import Completion, Job, LaneEngine
-from .regs import MAGIC, Ctrl, Irq, Reg
+from .regs import MAGIC, Reg
 
 __all__ = ["Device"]
 
