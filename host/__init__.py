@@ -3,18 +3,26 @@
 The host runtime: JPEG structure parser and hardware-profile classifier
 (:mod:`dlbooster.jpeg`), the bit-exact reference model of the decoder lane
 (:mod:`dlbooster.model`), decode backends and :func:`decode` (:mod:`dlbooster.backends`),
-and the decoder device's host driver (:mod:`dlbooster.device`).
+the decoder device's host driver (:mod:`dlbooster.device`), and the runtime: the decode
+service over device lanes with its CPU fallback (:mod:`dlbooster.service`), batch
+buffer pools (:mod:`dlbooster.pool`), DistributedSampler-identical sharding
+(:mod:`dlbooster.sampler`), device-side transforms (:mod:`dlbooster.transforms`) and
+the PyTorch loader :class:`Loader` (:mod:`dlbooster.loader`). PyTorch is imported only
+when a loader is built.
 """
 
 from .backends import BACKENDS, DecodeResult, decode, decode_result, decode_results, get_backend
 from .errors import DecodeError, DlboosterError, FallbackError, Malformed, Unsupported
+from .loader import Batch, Loader
 
 __all__ = [
     "BACKENDS",
+    "Batch",
     "DecodeError",
     "DecodeResult",
     "DlboosterError",
     "FallbackError",
+    "Loader",
     "Malformed",
     "Unsupported",
     "decode",

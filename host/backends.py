@@ -103,6 +103,34 @@ class CpuBackend:
                     pass  # a libjpeg warning or error: let Pillow decide
         return decode_pillow(data)
 
+    def decode_into(self, data: bytes, info: jpeg.JpegInfo, out: np.ndarray) -> np.ndarray:
+        """Like :meth:`decode`, writing into ``out`` when the image fits.
+
+        Args:
+            out: writable contiguous 1-D uint8 array (a batch slot).
+
+        Returns:
+            The (H, W, 3) uint8 image: a view of ``out``'s head when ``3 * H * W <=
+            out.size`` (simplejpeg decodes in place; Pillow's result is copied in), else a
+            new array.
+
+        Raises:
+            DecodeError: as :meth:`decode`.
+        """
+        if simplejpeg is not None and _simplejpeg_safe(info):
+            n = 3 * info.frame.width * info.frame.height
+            try:
+                return simplejpeg.decode_jpeg(data, colorspace="rgb", strict=True,
+                                              buffer=out[:n] if n <= out.size else None)
+            except ValueError:
+                pass
+        image = decode_pillow(data)
+        if image.size > out.size:
+            return image
+        view = out[: image.size].reshape(image.shape)
+        view[...] = image
+        return view
+
 
 def decode_pillow(data: bytes) -> np.ndarray:
     """The reference: ``np.asarray(PIL.Image.open(f).convert("RGB"))``.

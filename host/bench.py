@@ -25,6 +25,7 @@ Inputs default to the ImageNet sample photos of the shared corpus
   the host driver, for each ``--lanes`` value: simulated device clocks per second of
   wall time (one core), images/s of simulated decode, device clocks per image and the
   images/s the same clocks give at 250 MHz; every image checked against Pillow.
+- ``bench host`` and ``bench loader``: the runtime (:mod:`dlbooster.bench_runtime`).
 """
 
 from __future__ import annotations
@@ -49,7 +50,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                        ("entropy", "entropy decoder core in Verilator: symbols per clock"),
                        ("idct", "IDCT core in Verilator: IEEE 1180, clocks/block, stalls it causes"),
                        ("lane", "whole decoder lane in Verilator: clocks per pixel, RGB vs Pillow"),
-                       ("device", "simulated decoder device: clocks/s, images/s, 1..N lanes")):
+                       ("device", "simulated decoder device: clocks/s, images/s, 1..N lanes"),
+                       ("host", "runtime host cost per image, driving an instant device"),
+                       ("loader", "Loader images/s vs torchvision DataLoader; sim lanes")):
         p = kinds.add_parser(kind, help=text, description=text)
         p.add_argument("paths", nargs="*", metavar="PATH",
                        help="files or folders (default: the corpus ImageNet sample photos)")
@@ -73,6 +76,20 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         elif kind == "device":
             p.add_argument("--lanes", default="1", help="comma-separated lane counts of the builds to run")
             p.add_argument("--max-width", type=int, default=8192, help="the device's line-buffer width")
+        elif kind == "host":
+            p.add_argument("--batch-size", type=int, default=64)
+            p.add_argument("--epochs", type=int, default=3, help="timed epochs (after one warm-up)")
+            p.add_argument("--lanes", type=int, default=4, help="lanes the instant device reports")
+            p.add_argument("--cpu-workers", type=int, default=1, help="the service's CPU threads")
+        elif kind == "loader":
+            p.add_argument("--batch-size", type=int, default=32)
+            p.add_argument("--epochs", type=int, default=2, help="timed epochs (after one warm-up)")
+            p.add_argument("--size", type=int, default=224, help="random-resized-crop size")
+            p.add_argument("--workers", type=int, default=2,
+                           help="torchvision DataLoader workers = dlbooster CPU threads")
+            p.add_argument("--sim-lanes", default="", help="comma-separated lane counts for the sim backend")
+            p.add_argument("--sim-files", type=int, default=8, help="files through the sim backend")
+            p.add_argument("--sim-max-width", type=int, default=512, help="the sim device's line-buffer width")
         elif kind == "entropy":
             p.add_argument("--per-file", action="store_true", help="print a row per file")
             p.add_argument("--ready", type=int, default=100,
@@ -501,6 +518,38 @@ def run(args: argparse.Namespace) -> int:
                        round(c["device_clocks_per_image"]), round(c["images_per_s_at_250mhz"]),
                        c["differ_from_pillow"]] for c in result["configs"]]))
         failed = any(c["differ_from_pillow"] for c in result["configs"])
+    elif args.kind == "host":
+        from .bench_runtime import bench_host
+
+        result = bench_host(files, batch_size=args.batch_size, epochs=args.epochs, lanes=args.lanes,
+                            cpu_workers=args.cpu_workers)
+        result.update(_machine())
+        print(_table(["epoch", "images", "wall s", "CPU s", "instrument s", "host us/image", "images/s"],
+                     [[r["epoch"], r["images"], f"{r['wall_s']:.2f}", f"{r['cpu_s']:.2f}",
+                       f"{r['instrument_s']:.3f}", f"{r['host_us_per_image']:.1f}", f"{r['images_per_s']:.0f}"]
+                      for r in result["epochs"]]))
+        print(f"host cost {result['host_us_per_image']:.1f} us/image (goal 20: "
+              f"{'met' if result['goal_met'] else 'not met'}); of it the header pre-screen "
+              f"{result['prescreen_us_per_image']:.1f} us/image")
+    elif args.kind == "loader":
+        from .bench_runtime import bench_loader
+
+        lanes = [int(x) for x in args.sim_lanes.split(",") if x]
+        result = bench_loader(files, batch_size=args.batch_size, epochs=args.epochs, size=args.size,
+                              workers=args.workers, sim_lanes=lanes, sim_files=args.sim_files,
+                              sim_max_width=args.sim_max_width)
+        result.update(_machine())
+        rows = [[r["name"], r["images"], f"{r['wall_s']:.2f}", f"{r['images_per_s']:.0f}"]
+                for r in (result["torchvision"], result["dlbooster_cpu"])]
+        print(_table(["loader", "images", "wall s", "images/s"], rows))
+        print(f"dlbooster / torchvision: {result['speedup']:.2f}x (goal 1.3x: "
+              f"{'met' if result['goal_met'] else 'not met'})")
+        if result["sim"]:
+            print(_table(["sim lanes", "images", "wall s", "images/s (sim)", "device clocks/image",
+                          "images/s at 250 MHz", "lane busy"],
+                         [[r["lanes"], r["images"], f"{r['wall_s']:.1f}", f"{r['images_per_s']:.2f}",
+                           round(r["device_clocks_per_image"] or 0), round(r["images_per_s_at_250mhz"] or 0),
+                           " ".join(f"{v:.2f}" for v in r["lane_busy"].values())] for r in result["sim"]]))
     elif args.kind == "idct":
         result = bench_idct(files, [int(x) for x in args.lanes.split(",")], args.ieee_blocks)
         _print_idct(result)

@@ -1,0 +1,175 @@
+"""Runtime benchmarks behind ``dlbooster bench host`` and ``dlbooster bench loader``.
+
+- ``bench host``: the host's CPU cost per image of the whole runtime path (reading,
+  pre-screen, dispatch, completion, batching, copy) with the decoder replaced by the
+  *instant device* instrument (:mod:`dlbooster.instant`), so nothing but host work is
+  timed. Batches go to PyTorch's ``meta`` device: the copy is issued like a GPU copy but
+  moves no bytes, as an accelerator's DMA would cost the host nothing. Host cost is the
+  process CPU time over the timed epochs, less what the instrument spends playing the
+  device, divided by the images.
+- ``bench loader``: images/s of ``dlbooster.Loader`` with the ``cpu`` backend and the
+  device-side train transform versus torchvision ``ImageFolder`` +
+  ``DataLoader(num_workers=2)`` with the equivalent transform, same files, same run; and
+  the ``sim`` backend with 1, 2, 4 lanes (images/s of simulated decode, device clocks per
+  image, lane busy fraction).
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+import time
+from pathlib import Path
+
+__all__ = ["bench_host", "bench_loader"]
+
+
+def _image_folder(files: list[tuple[str, bytes]], root: Path) -> Path:
+    """An ImageFolder layout of symlinks (two classes, alternating) over ``files``."""
+    for n, (path, _) in enumerate(files):
+        cls = root / f"class{n % 2}"
+        cls.mkdir(parents=True, exist_ok=True)
+        (cls / f"{n:05d}{Path(path).suffix.lower() or '.jpg'}").symlink_to(os.path.abspath(path))
+    return root
+
+
+def bench_host(files: list[tuple[str, bytes]], *, batch_size: int = 64, epochs: int = 3,
+               lanes: int = 4, cpu_workers: int = 1) -> dict:
+    """Host CPU microseconds per image of the runtime driving an instant device."""
+    import numpy as np
+
+    from .backends import CpuBackend
+    from .errors import DecodeError
+    from .instant import InstantBackend, InstantTransport
+    from .loader import Loader
+
+    transport = InstantTransport(lanes=lanes)
+    cpu = CpuBackend()
+    learned = []
+    for path, data in files:
+        try:
+            transport.learn(data, cpu.decode(data))
+        except DecodeError:
+            continue
+        learned.append((path, len(learned)))
+    loader = Loader(learned, batch_size, backend=InstantBackend(transport), shuffle=True,
+                    device="meta", cpu_workers=cpu_workers, slot_pixels=1024 * 1024)
+    rows = []
+    try:
+        for epoch in range(epochs + 1):       # epoch 0 warms up (page cache, first-use costs)
+            loader.set_epoch(epoch)
+            device0 = transport.device_seconds
+            cpu0, wall0 = time.process_time(), time.perf_counter()
+            images = sum(len(batch[1]) for batch in loader)
+            cpu_s = time.process_time() - cpu0
+            wall = time.perf_counter() - wall0
+            device_s = transport.device_seconds - device0
+            if epoch:
+                rows.append({"epoch": epoch, "images": images, "wall_s": wall, "cpu_s": cpu_s,
+                             "instrument_s": device_s,
+                             "host_us_per_image": (cpu_s - device_s) / images * 1e6,
+                             "images_per_s": images / wall})
+        outcomes = dict(loader.stats().outcomes)
+    finally:
+        loader.close()
+    parse = _time_prescreen(files)
+    host_us = float(np.median([r["host_us_per_image"] for r in rows]))
+    return {"kind": "host", "files": len(files), "images": len(learned), "batch_size": batch_size,
+            "lanes": lanes, "cpu_workers": cpu_workers, "epochs": rows, "outcomes": outcomes,
+            "host_us_per_image": host_us, "prescreen_us_per_image": parse,
+            "goal_us_per_image": 20.0, "goal_met": host_us <= 20.0}
+
+
+def _time_prescreen(files: list[tuple[str, bytes]]) -> float:
+    """Microseconds per file of the pre-screen the service runs for a device backend."""
+    from . import jpeg
+
+    start = time.process_time()
+    for _, data in files:
+        jpeg.host_prescreen(jpeg.parse(data, headers_only=True))
+    return (time.process_time() - start) / max(len(files), 1) * 1e6
+
+
+def _run_epochs(make_iter, epochs: int) -> tuple[int, float, float]:
+    """(images, wall seconds, CPU seconds of this process) over ``epochs`` timed epochs,
+    after one untimed warm-up epoch."""
+    for _ in make_iter(0):
+        pass
+    images, wall0, cpu0 = 0, time.perf_counter(), time.process_time()
+    for epoch in range(1, epochs + 1):
+        for images_batch, _labels in make_iter(epoch):
+            images += len(images_batch)
+    return images, time.perf_counter() - wall0, time.process_time() - cpu0
+
+
+def bench_loader(files: list[tuple[str, bytes]], *, batch_size: int = 32, epochs: int = 2,
+                 size: int = 224, workers: int = 2, sim_lanes: list[int] | None = None,
+                 sim_files: int = 8, sim_max_width: int = 512) -> dict:
+    """dlbooster Loader (cpu backend) vs torchvision ImageFolder + DataLoader, and the
+    Loader on the simulated device for each lane count in ``sim_lanes``."""
+    import torch
+    from torch.utils.data import DataLoader
+    from torchvision import datasets, transforms as T
+
+    from .loader import Loader
+    from .transforms import train_transform
+
+    # One intra-op thread, as in each DataLoader worker: the decode threads use the other
+    # cores, and OpenMP threads spinning beside them slow everything several-fold.
+    torch.set_num_threads(1)
+    result = {"kind": "loader", "files": len(files), "batch_size": batch_size, "size": size,
+              "workers": workers, "epochs": epochs}
+    with tempfile.TemporaryDirectory() as tmp:
+        root = _image_folder(files, Path(tmp) / "data")
+        tv_transform = T.Compose([T.RandomResizedCrop(size), T.RandomHorizontalFlip(), T.ToTensor(),
+                                  T.Normalize((0.485, 0.456, 0.406), (0.229, 0.224, 0.225))])
+        dataset = datasets.ImageFolder(str(root), transform=tv_transform)
+        loader_tv = DataLoader(dataset, batch_size=batch_size, shuffle=True, num_workers=workers,
+                               persistent_workers=True)
+        images, wall, cpu = _run_epochs(lambda e: loader_tv, epochs)
+        loader_tv._iterator = None            # stop its persistent workers now, not at exit
+        tv = {"name": f"torchvision ImageFolder + DataLoader(num_workers={workers})", "images": images,
+              "wall_s": wall, "images_per_s": images / wall}
+        ours = Loader(str(root), batch_size, backend="cpu", shuffle=True, transform=train_transform(size),
+                      cpu_workers=workers)
+        try:
+            def epoch_iter(e):
+                ours.set_epoch(e)
+                return ours
+            images, wall, cpu = _run_epochs(epoch_iter, epochs)
+            stats = ours.stats()
+        finally:
+            ours.close()
+        dl = {"name": f"dlbooster Loader(backend=cpu, cpu_workers={workers})", "images": images,
+              "wall_s": wall, "images_per_s": images / wall, "host_cores": cpu / wall,
+              "outcomes": stats.outcomes}
+        result["torchvision"], result["dlbooster_cpu"] = tv, dl
+        result["speedup"] = dl["images_per_s"] / tv["images_per_s"]
+        result["goal_speedup"] = 1.3
+        result["goal_met"] = result["speedup"] >= 1.3
+        result["sim"] = [_bench_sim(files[:sim_files], lanes, batch_size, sim_max_width)
+                         for lanes in (sim_lanes or [])]
+    return result
+
+
+def _bench_sim(files: list[tuple[str, bytes]], lanes: int, batch_size: int, max_width: int) -> dict:
+    from .loader import Loader
+
+    source = [(path, 0) for path, _ in files]
+    loader = Loader(source, batch_size, backend="sim", shuffle=False,
+                    backend_options={"lanes": lanes, "max_width": max_width})
+    try:
+        wall0 = time.perf_counter()
+        images = sum(len(b[1]) for b in loader)
+        wall = time.perf_counter() - wall0
+        stats = loader.stats()
+        service = loader.service.stats
+        clocks = sum(service.device_clocks.values())
+        device_images = stats.outcomes.get("ok", 0)
+    finally:
+        loader.close()
+    return {"lanes": lanes, "images": images, "device_images": device_images, "wall_s": wall,
+            "images_per_s": images / wall, "device_clocks": clocks,
+            "device_clocks_per_image": clocks / device_images if device_images else None,
+            "images_per_s_at_250mhz": 250e6 * device_images / clocks if clocks else None,
+            "lane_busy": stats.lane_busy, "outcomes": stats.outcomes}

@@ -1,0 +1,175 @@
+"""Benchmark instrument: an *instant* decoder device, for measuring the runtime's host cost.
+
+:class:`InstantTransport` answers the decoder device's register protocol
+(:mod:`dlbooster.hw.regs`) in Python and completes every job the moment it is queued,
+from outputs computed beforehand (:meth:`InstantTransport.learn`). Driven by the real
+:class:`~dlbooster.device.DecoderDevice` and :class:`~dlbooster.service.DecodeService`,
+it leaves only the host's own work on the clock: reading, pre-screen, dispatch,
+completion handling, batching and copies. What a real device and its DMA would do (the
+pixel writes into the output buffer) is timed separately (:attr:`InstantTransport.device_seconds`)
+so benchmarks can subtract it.
+
+Not a decoder and not a test double for one: tests of the device use the Verilator
+simulation (:mod:`dlbooster.sim.device`).
+"""
+
+from __future__ import annotations
+
+import bisect
+import threading
+import time
+import zlib
+from collections import deque
+
+import numpy as np
+
+from .hw.regs import MAGIC, Irq, Reg
+
+__all__ = ["InstantBackend", "InstantTransport"]
+
+
+def _key(data) -> tuple[int, int]:
+    # A cheap content key: the length and a CRC of the first 4 KiB.
+    return len(data), zlib.crc32(bytes(data[:4096]))
+
+
+class _Buffer:
+    def __init__(self, transport: InstantTransport, address: int, size: int):
+        self.transport, self.device_address, self.size = transport, address, size
+        self.array = np.zeros(size, np.uint8)
+
+    def sync_to_device(self) -> None:
+        """Nothing to do: host memory."""
+
+    def sync_from_device(self) -> None:
+        """Nothing to do: host memory."""
+
+    def free(self) -> None:
+        self.transport._free(self)
+
+
+class InstantTransport:
+    """A device transport whose jobs complete at once from learned outputs.
+
+    Args:
+        lanes: lanes the device reports (completions name them round-robin).
+        job_depth: job FIFO entries.
+        max_width: the widest image it accepts, pixels.
+    """
+
+    name = "instant"
+
+    def __init__(self, lanes: int = 4, job_depth: int = 16, max_width: int = 8192):
+        self.lanes, self.job_depth, self.max_width = lanes, job_depth, max_width
+        self.outputs: dict[tuple[int, int], np.ndarray] = {}
+        self.device_seconds = 0.0
+        self._lock = threading.Lock()
+        self._bases: list[int] = []
+        self._buffers: dict[int, _Buffer] = {}
+        self._next = 1 << 32
+        self._staged: dict[int, int] = {}
+        self._done: deque = deque()
+        self._isr = 0
+        self._lane = 0
+
+    def learn(self, data: bytes, image: np.ndarray) -> None:
+        """Remember the (H, W, 3) uint8 output of one input's bytes."""
+        self.outputs[_key(data)] = np.ascontiguousarray(image, np.uint8)
+
+    def allocate(self, size: int, *, writable: bool = True) -> _Buffer:
+        with self._lock:
+            buf = _Buffer(self, self._next, size)
+            self._next += (size + 4095) // 4096 * 4096 + 4096
+            bisect.insort(self._bases, buf.device_address)
+            self._buffers[buf.device_address] = buf
+            return buf
+
+    def _free(self, buf: _Buffer) -> None:
+        with self._lock:
+            self._bases.remove(buf.device_address)
+            del self._buffers[buf.device_address]
+
+    def _view(self, address: int, size: int) -> np.ndarray:
+        base = self._bases[bisect.bisect_right(self._bases, address) - 1]
+        buf = self._buffers[base]
+        offset = address - base
+        if offset + size > buf.size:
+            raise IndexError(f"access past buffer 0x{base:x}")
+        return buf.array[offset:offset + size]
+
+    def read32(self, offset: int) -> int:
+        if offset == Reg.ID:
+            return MAGIC
+        if offset == Reg.CONFIG:
+            return self.lanes | 16 << 8 | self.job_depth << 16 | 16 << 24
+        if offset == Reg.MAX_WIDTH:
+            return self.max_width
+        if offset == Reg.JOB_PUSH:
+            return self.job_depth           # jobs complete at once: the FIFO is always free
+        if offset == Reg.DONE_COUNT:
+            return len(self._done)
+        if offset == Reg.ISR:
+            return self._isr
+        head = self._done[0] if self._done else None
+        fields = {Reg.DONE_ID: 0, Reg.DONE_STATUS: 1, Reg.DONE_SIZE: 2, Reg.DONE_BYTES: 3,
+                  Reg.DONE_CLOCKS: 4, Reg.DONE_SYMBOLS: 5}
+        if offset in fields:
+            return head[fields[offset]] if head else 0
+        return 0
+
+    def write32(self, offset: int, value: int) -> None:
+        if offset == Reg.ISR:
+            self._isr &= ~value
+        elif offset == Reg.DONE_POP:
+            if self._done:
+                self._done.popleft()
+        elif offset == Reg.JOB_PUSH:
+            self._run_job()
+        elif Reg.JOB_IN_ADDR_LO <= offset <= Reg.JOB_ID:
+            self._staged[offset] = value
+
+    def _run_job(self) -> None:
+        s = self._staged
+        in_addr = s[Reg.JOB_IN_ADDR_LO] | s[Reg.JOB_IN_ADDR_HI] << 32
+        out_addr = s[Reg.JOB_OUT_ADDR_LO] | s[Reg.JOB_OUT_ADDR_HI] << 32
+        in_len, cap, job = s[Reg.JOB_IN_LEN], s[Reg.JOB_OUT_CAP], s[Reg.JOB_ID]
+        start = time.thread_time()
+        image = self.outputs.get(_key(self._view(in_addr, in_len)))
+        lane = self._lane
+        self._lane = (self._lane + 1) % self.lanes
+        if image is None:
+            done = (job, 0x40 | lane << 8, 0, 0, 1, 0)            # BAD_JOB: never learned
+        elif image.size > cap:
+            done = (job, 0x41 | lane << 8, 0, 0, 1, 0)            # OUTPUT_TOO_SMALL
+        else:
+            h, w = image.shape[:2]
+            self._view(out_addr, image.size)[:] = image.reshape(-1)   # the device's DMA
+            done = (job, lane << 8, w | h << 16, image.size, 1, 0)
+        self.device_seconds += time.thread_time() - start
+        self._done.append(done)
+        self._isr |= Irq.COMPLETION
+
+    def wait(self, max_clocks: int = 0) -> bool:
+        return bool(self._isr)
+
+    def reset(self, clocks: int = 0) -> None:
+        self._done.clear()
+        self._isr = 0
+
+
+class InstantBackend:
+    """A device backend over :class:`InstantTransport` (benchmark instrument).
+
+    Args:
+        transport: the instant transport, with its outputs learned.
+    """
+
+    name = "instant"
+
+    def __init__(self, transport: InstantTransport):
+        from .device import DecoderDevice
+
+        self.transport = transport
+        self.max_width = transport.max_width
+        self.device = DecoderDevice(transport)
+        self.device.start()

@@ -1,0 +1,397 @@
+"""``dlbooster.Loader``: the PyTorch data loader fed by the decode service.
+
+One producer thread walks this rank's shard of the epoch (:class:`~dlbooster.sampler.ShardSampler`,
+index for index the same as ``torch.utils.data.DistributedSampler``), takes a free batch
+buffer from the pool (:class:`~dlbooster.pool.BatchPool`; back-pressure when none is
+free) and submits one task per sample to the :class:`~dlbooster.service.DecodeService`,
+which decodes straight into the buffer's slots. The iterating thread takes the filled
+buffers in order, applies the outcome policy, moves the images to ``device`` (an
+asynchronous copy on a side CUDA stream, the buffer's reuse guarded by an event) and
+runs the optional device-side transform (:mod:`dlbooster.transforms`).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import threading
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import numpy as np
+
+from .errors import DecodeError
+from .pool import BatchPool
+from .sampler import ShardSampler
+from .service import DecodeService, Outcome, Task
+from .sources import as_samples
+
+__all__ = ["Batch", "EpochReport", "Loader", "LoaderStats"]
+
+log = logging.getLogger("dlbooster")
+
+POLICIES = ("raise", "skip", "replace")
+
+
+class Batch(tuple):
+    """``(images, labels)``, with more on attributes.
+
+    Attributes:
+        images: uint8 (N, 3, H, W) on the loader's device, zero-padded at the bottom and
+            right to the batch's largest image; or the transform's output (float32
+            (N, 3, S, S)).
+        labels: int64 (N,) on the device.
+        indices: int64 (N,) CPU tensor of dataset indices.
+        sizes: int64 (N, 2) CPU tensor of each image's (height, width) before the transform.
+        outcomes: the :class:`~dlbooster.service.Outcome` of every sample of the batch
+            that was not decoded by the requested backend (fallbacks, errors), in order.
+    """
+
+    def __new__(cls, images, labels, indices, sizes, outcomes):
+        self = super().__new__(cls, (images, labels))
+        self.indices, self.sizes, self.outcomes = indices, sizes, outcomes
+        return self
+
+    @property
+    def images(self):
+        return self[0]
+
+    @property
+    def labels(self):
+        return self[1]
+
+
+@dataclass
+class EpochReport:
+    """Every position of an epoch's shard, delivered or reported.
+
+    Attributes:
+        epoch: the epoch.
+        positions: samples in this rank's shard this epoch (``len`` of the sampler,
+            less what ``drop_last`` drops of a final partial batch).
+        delivered: samples yielded with their own decoded image.
+        replaced: samples whose image came from the ``replace`` function.
+        skipped: outcomes of samples left out of their batch (policy ``skip``).
+        fallbacks: outcomes of samples the CPU decoded for the requested backend.
+    """
+
+    epoch: int
+    positions: int = 0
+    delivered: int = 0
+    replaced: int = 0
+    skipped: list[Outcome] = field(default_factory=list)
+    fallbacks: list[Outcome] = field(default_factory=list)
+
+    @property
+    def accounted(self) -> int:
+        """delivered + replaced + skipped; equals ``positions`` after a full epoch."""
+        return self.delivered + self.replaced + len(self.skipped)
+
+
+@dataclass
+class LoaderStats:
+    """Figures of the last epoch (see :meth:`Loader.stats`)."""
+
+    images: int
+    seconds: float
+    images_per_s: float
+    host_cores: float
+    lane_busy: dict[str, float]
+    queue_peak: dict[str, int]
+    outcomes: dict[str, int]
+    oversize: int
+
+    def to_json(self) -> dict[str, Any]:
+        return dict(self.__dict__)
+
+
+class _Pending:
+    """A batch being filled: outcomes arrive from service threads."""
+
+    def __init__(self, number: int, buffer, count: int, on_ready: Callable):
+        self.number, self.buffer, self.count = number, buffer, count
+        self.outcomes: list[Outcome | None] = [None] * count
+        self.left = count
+        self.lock = threading.Lock()
+        self.on_ready = on_ready
+
+    def done(self, task: Task, outcome: Outcome) -> None:
+        self.outcomes[task.slot] = outcome
+        with self.lock:
+            self.left -= 1
+            ready = self.left == 0
+        if ready:
+            self.on_ready(self)
+
+
+class Loader:
+    """Batches of decoded images for PyTorch training, from a decode backend.
+
+    Args:
+        source: an ImageFolder-style directory (classes indexed as torchvision's
+            ``ImageFolder``), or a sequence of ``(path, label)``.
+        batch_size: samples per batch.
+        backend: ``auto``, ``cpu``, ``model``, ``sim`` (see :mod:`dlbooster.backends`)
+            or a backend instance.
+        shuffle, seed, drop_last, rank, world_size: sharding, exactly as
+            ``DistributedSampler(shuffle, seed, drop_last, rank, num_replicas)``
+            followed by ``DataLoader(drop_last)``: ``drop_last`` also drops a final
+            partial batch. ``rank``/``world_size`` default to torchrun's environment.
+        device: where batches go (``"cpu"``, ``"cuda"``, a ``torch.device``).
+        transform: a callable on a list of (3, h, w) uint8 device tensors returning a
+            batch tensor (e.g. :func:`dlbooster.transforms.train_transform`); None yields
+            uint8 padded batches. Its ``set_epoch`` is called by :meth:`set_epoch`.
+        on_error: per-sample policy for inputs nothing can decode: ``raise``
+            (:class:`~dlbooster.errors.DecodeError` naming the input), ``skip`` (left out
+            of the batch, logged and counted) or ``replace`` (``replace(index, outcome)``
+            returns an (h, w, 3) uint8 array that stands in for the sample).
+        replace: the function for ``on_error="replace"``.
+        slot_pixels: pixels per batch slot (larger images take a slower, allocating path).
+        prefetch: batches decoded ahead of the consumer (pool depth is ``prefetch + 1``).
+        cpu_workers: CPU decode threads (default: all cores).
+        progress: a progress bar (tqdm) on rank 0.
+        backend_options: for a backend name, e.g. ``{"lanes": 4}`` for ``sim``.
+
+    Raises:
+        ValueError: bad policy or sizes; TypeError/FileNotFoundError: bad source.
+    """
+
+    def __init__(self, source, batch_size: int, *, backend: Any = "auto", shuffle: bool = True,
+                 seed: int = 0, drop_last: bool = False, rank: int | None = None,
+                 world_size: int | None = None, device: Any = "cpu", transform: Callable | None = None,
+                 on_error: str = "skip", replace: Callable | None = None, slot_pixels: int = 512 * 512,
+                 prefetch: int = 2, cpu_workers: int | None = None, progress: bool = False,
+                 backend_options: dict | None = None):
+        import torch
+
+        if batch_size < 1:
+            raise ValueError(f"batch_size must be positive, not {batch_size}")
+        if on_error not in POLICIES:
+            raise ValueError(f"on_error must be one of {', '.join(POLICIES)}, not {on_error!r}")
+        if on_error == "replace" and replace is None:
+            raise ValueError("on_error='replace' needs a replace(index, outcome) function")
+        self.samples = as_samples(source)
+        self.batch_size, self.drop_last = batch_size, drop_last
+        self.sampler = ShardSampler(len(self.samples), seed=seed, shuffle=shuffle, drop_last=drop_last,
+                                    rank=rank, world_size=world_size)
+        self.device = torch.device(device)
+        self.transform, self.on_error, self.replace = transform, on_error, replace
+        self.progress = progress and self.sampler.rank == 0
+        self.service = DecodeService(backend, cpu_workers=cpu_workers, **(backend_options or {}))
+        self.pool = BatchPool(batch_size, 3 * slot_pixels, prefetch + 1, allocate=self.service.allocator(),
+                              pin=self.device.type == "cuda")
+        self._copy_stream = torch.cuda.Stream(self.device) if self.device.type == "cuda" else None
+        self.report = EpochReport(self.sampler.epoch)
+        self._stats: LoaderStats | None = None
+        self._end_iteration: Callable | None = None
+
+    def __len__(self) -> int:
+        """Batches per epoch for this rank."""
+        n = len(self.sampler)
+        return n // self.batch_size if self.drop_last else math.ceil(n / self.batch_size)
+
+    def set_epoch(self, epoch: int) -> None:
+        """Select the epoch's shuffle (as ``DistributedSampler.set_epoch``) and the
+        transform's random stream."""
+        self.sampler.set_epoch(epoch)
+        if hasattr(self.transform, "set_epoch"):
+            self.transform.set_epoch(epoch)
+
+    @property
+    def backend_name(self) -> str:
+        return self.service.backend_name
+
+    def __iter__(self):
+        indices = list(self.sampler)
+        if self.drop_last:
+            indices = indices[: len(indices) // self.batch_size * self.batch_size]
+        chunks = [indices[i:i + self.batch_size] for i in range(0, len(indices), self.batch_size)]
+        self.report = EpochReport(self.sampler.epoch, positions=len(indices))
+        ready: dict[int, _Pending] = {}
+        cond = threading.Condition()
+        stop = threading.Event()
+        failure: list[BaseException] = []
+
+        def on_ready(pending: _Pending) -> None:
+            with cond:
+                ready[pending.number] = pending
+                cond.notify_all()
+
+        def produce() -> None:
+            try:
+                for number, chunk in enumerate(chunks):
+                    buf = self.pool.acquire(stop=stop)
+                    if buf is None:
+                        return
+                    buf.count = len(chunk)
+                    pending = _Pending(number, buf, len(chunk), on_ready)
+                    for slot, index in enumerate(chunk):
+                        sample = self.samples[index]
+                        buf.labels[slot] = sample.label
+                        buf.indices[slot] = index
+                    for slot, index in enumerate(chunk):
+                        self.service.submit(Task(index, self.samples[index].path, buf, slot, pending.done))
+            except BaseException as exc:  # surfaces in the iterating thread
+                failure.append(exc)
+                with cond:
+                    cond.notify_all()
+
+        producer = threading.Thread(target=produce, name="dlbooster-producer", daemon=True)
+        cleaned: list[bool] = []
+
+        def cleanup() -> None:
+            """End this iteration (finished, abandoned or superseded): no new batches,
+            let the submitted ones finish, give every buffer back. Runs once."""
+            if cleaned:
+                return
+            cleaned.append(True)
+            stop.set()
+            producer.join()
+            self.service.drain()
+            with cond:
+                for pending in ready.values():
+                    self.pool.release(pending.buffer)
+                ready.clear()
+                failure.append(RuntimeError("this iteration of the loader was ended by a newer one"))
+
+        # Like a DataLoader, a new iteration may start while an old one is suspended: the
+        # old one ends (its buffers would otherwise starve the new one).
+        if self._end_iteration is not None:
+            self._end_iteration()
+        self._end_iteration = cleanup
+        outcomes0, oversize0 = Counter(self.service.stats.outcomes), self.service.stats.oversize
+        bar = None
+        if self.progress:
+            from tqdm import tqdm
+
+            bar = tqdm(total=len(chunks), unit="batch", desc=f"epoch {self.sampler.epoch}")
+        start_wall, start_cpu = time.perf_counter(), time.process_time()
+        queue_peak: Counter = Counter()
+        images = 0
+        producer.start()
+        try:
+            for number in range(len(chunks)):
+                with cond:
+                    while number not in ready and not failure:
+                        cond.wait(0.5)
+                        for name, depth in self.service.queue_depths().items():
+                            queue_peak[name] = max(queue_peak[name], depth)
+                    if failure:
+                        raise failure[0]
+                    pending = ready.pop(number)
+                batch = self._finish(pending)
+                images += len(batch[1])
+                if bar is not None:
+                    bar.update(1)
+                yield batch
+        finally:
+            wall = time.perf_counter() - start_wall
+            cpu = time.process_time() - start_cpu
+            cleanup()
+            if bar is not None:
+                bar.close()
+            stats = self.service.stats
+            counts = stats.outcomes - outcomes0
+            self._stats = LoaderStats(
+                images=images, seconds=wall, images_per_s=images / wall if wall else 0.0,
+                host_cores=cpu / wall if wall else 0.0, lane_busy={}, queue_peak=dict(queue_peak),
+                outcomes={f"{s}:{r}" if r else s: n for (s, r), n in sorted(
+                    counts.items(), key=lambda kv: (kv[0][0], kv[0][1] or ""))},
+                oversize=stats.oversize - oversize0)
+
+    def _finish(self, pending: _Pending) -> Batch:
+        """Policy, copy to the device, transform; the buffer goes back to the pool
+        whatever happens (on a GPU its reuse waits for the copy's event)."""
+        try:
+            return self._assemble(pending)
+        finally:
+            self.pool.release(pending.buffer)
+
+    def _assemble(self, pending: _Pending) -> Batch:
+        import torch
+
+        buf, report = pending.buffer, self.report
+        keep: list[int] = []
+        replacements: dict[int, np.ndarray] = {}
+        unusual: list[Outcome] = []
+        for slot, outcome in enumerate(pending.outcomes):
+            if outcome.status != "ok":
+                unusual.append(outcome)
+            if outcome.status == "fallback":
+                report.fallbacks.append(outcome)
+            if outcome.status != "error":
+                keep.append(slot)
+                report.delivered += 1
+                continue
+            if self.on_error == "raise":
+                raise DecodeError(outcome.reason, outcome.detail, outcome.path)
+            if self.on_error == "skip":
+                log.warning("skipping %s", outcome)
+                report.skipped.append(outcome)
+                continue
+            image = np.asarray(self.replace(outcome.index, outcome), dtype=np.uint8)
+            if image.ndim != 3 or image.shape[2] != 3:
+                raise ValueError(f"replace() for {outcome.path} must return (h, w, 3) uint8, not {image.shape}")
+            replacements[slot] = image
+            buf.sizes[slot] = image.shape[:2]
+            keep.append(slot)
+            report.replaced += 1
+        device = self.device
+        if self._copy_stream is not None and buf.host is not None:
+            with torch.cuda.stream(self._copy_stream):
+                staged = buf.host[: buf.count].to(device, non_blocking=True)
+                event = torch.cuda.Event()
+                event.record(self._copy_stream)
+            torch.cuda.current_stream(device).wait_event(event)
+            buf.copied = event
+        else:
+            staged = buf.host[: buf.count] if buf.host is not None else torch.from_numpy(buf.data[: buf.count])
+            if device.type != "cpu":
+                staged = staged.to(device)
+        views = []
+        for slot in keep:
+            if slot in replacements or slot in buf.oversize:
+                array = replacements.get(slot, buf.oversize.get(slot))
+                views.append(torch.from_numpy(np.require(array, np.uint8, ["C", "W"])).to(device).permute(2, 0, 1))
+                continue
+            h, w = (int(v) for v in buf.sizes[slot])
+            views.append(staged[slot, : h * w * 3].view(h, w, 3).permute(2, 0, 1))
+        sizes = torch.from_numpy(buf.sizes[keep].copy())
+        indices = torch.from_numpy(buf.indices[keep].copy())
+        labels = torch.from_numpy(buf.labels[keep].copy()).to(device, non_blocking=True)
+        if not views:
+            images = torch.empty((0, 3, 0, 0), dtype=torch.uint8, device=device)
+        elif self.transform is not None:
+            images = self.transform(views)
+        else:
+            from .transforms import pad_batch
+
+            images = pad_batch(views)[0]
+        return Batch(images, labels, indices, sizes, unusual)
+
+    def stats(self) -> LoaderStats | None:
+        """Figures of the last finished (or abandoned) epoch: images/s, host CPU cores
+        used (process CPU time over wall time), per-lane busy fraction (simulated
+        devices), queue depth peaks, outcome counts by status and reason."""
+        if self._stats is not None:
+            self._stats.lane_busy = self.service.lane_busy()
+        return self._stats
+
+    def close(self) -> None:
+        """Stop the service and free the pool."""
+        self.service.close()
+        self.pool.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def __del__(self):
+        try:
+            self.close()
+        except Exception:
+            pass

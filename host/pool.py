@@ -1,0 +1,174 @@
+"""Batch buffer pool: preallocated decode destinations with free and full queues.
+
+After DLBooster (SPEC.md section 6): decoders write decoded images straight into a pool
+of fixed-size batch buffers; a filled buffer goes to the consumer, is copied to the
+accelerator, and returns to the free queue once that copy has finished. Nothing is
+allocated per image on this path.
+
+A :class:`BatchBuffer` holds ``batch_size`` *slots* of ``slot_bytes`` bytes each. An
+image of h x w pixels is stored packed (h, w, 3) at the head of its slot, so a decoder
+(simplejpeg's ``buffer=``, a device's DMA) writes it in place. An image larger than a
+slot is decoded into its own array (the ``oversize`` path, counted by the loader); it is
+rare by construction of ``slot_bytes``.
+
+Memory: host tensors are pinned when CUDA is present (so the host-to-device copy is
+asynchronous); for a device backend the buffer memory comes from the device's transport
+(``allocate``), so the device writes into the slots with no host copy.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+from dataclasses import dataclass, field
+
+import numpy as np
+
+__all__ = ["BatchBuffer", "BatchPool"]
+
+
+@dataclass
+class BatchBuffer:
+    """One batch's destination memory and bookkeeping.
+
+    Attributes:
+        data: (batch_size, slot_bytes) uint8 numpy array; row p is slot p.
+        host: the same memory as a uint8 torch tensor (pinned when CUDA is present), or
+            None when torch is not in use.
+        device_address: device address of ``data[0, 0]`` (transport memory), else None.
+        sizes: (batch_size, 2) int64 array of (height, width) per filled slot.
+        labels: (batch_size,) int64 array.
+        indices: (batch_size,) int64 array of dataset indices.
+        oversize: slot -> (h, w, 3) uint8 array, for images larger than a slot.
+        count: slots in use (the batch's images are slots ``0..count-1``).
+        copied: CUDA event recorded after the last host-to-device copy from ``host``,
+            or None; the pool waits on it before the buffer is filled again.
+    """
+
+    data: np.ndarray
+    host: object = None
+    device_address: int | None = None
+    handle: object = field(default=None, repr=False)
+    sizes: np.ndarray = None
+    labels: np.ndarray = None
+    indices: np.ndarray = None
+    oversize: dict = field(default_factory=dict)
+    count: int = 0
+    copied: object = None
+
+    def __post_init__(self):
+        n = self.data.shape[0]
+        self.sizes = np.zeros((n, 2), np.int64)
+        self.labels = np.zeros(n, np.int64)
+        self.indices = np.zeros(n, np.int64)
+
+    @property
+    def slot_bytes(self) -> int:
+        return self.data.shape[1]
+
+    def slot_address(self, slot: int) -> int | None:
+        """Device address of slot ``slot`` (None for host-only memory)."""
+        if self.device_address is None:
+            return None
+        return self.device_address + slot * self.slot_bytes
+
+    def image(self, slot: int) -> np.ndarray:
+        """The (h, w, 3) uint8 image of a filled slot (a view, or the oversize array)."""
+        if slot in self.oversize:
+            return self.oversize[slot]
+        h, w = (int(v) for v in self.sizes[slot])
+        return self.data[slot, : h * w * 3].reshape(h, w, 3)
+
+    def clear(self) -> None:
+        self.count = 0
+        self.oversize.clear()
+
+
+class BatchPool:
+    """``depth`` batch buffers behind a free queue.
+
+    Args:
+        batch_size: slots per buffer.
+        slot_bytes: bytes per slot (an image of h x w fits when ``3 * h * w <= slot_bytes``).
+        depth: buffers in the pool (2 or more lets filling overlap consumption).
+        allocate: ``allocate(nbytes)`` returning a transport buffer (``array``,
+            ``device_address``, ``free()``) for device-visible memory; None for host memory.
+        pin: pin host memory (default: when CUDA is available).
+
+    Raises:
+        ValueError: non-positive sizes.
+    """
+
+    def __init__(self, batch_size: int, slot_bytes: int, depth: int = 3, *, allocate=None,
+                 pin: bool | None = None):
+        if batch_size < 1 or slot_bytes < 3 or depth < 1:
+            raise ValueError(f"bad pool geometry: batch_size={batch_size}, slot_bytes={slot_bytes}, depth={depth}")
+        self.batch_size, self.slot_bytes, self.depth = batch_size, slot_bytes, depth
+        try:
+            import torch
+        except ImportError:
+            torch = None
+        if pin is None:
+            pin = torch is not None and torch.cuda.is_available()
+        self.pinned = bool(pin)
+        self.buffers: list[BatchBuffer] = []
+        for _ in range(depth):
+            nbytes = batch_size * slot_bytes
+            if allocate is not None:
+                handle = allocate(nbytes)
+                data = handle.array[:nbytes].reshape(batch_size, slot_bytes)
+                host = torch.from_numpy(data) if torch is not None else None
+                if host is not None and pin:
+                    torch.cuda.cudart().cudaHostRegister(host.data_ptr(), nbytes, 0)
+                buf = BatchBuffer(data, host, handle.device_address, handle)
+            elif torch is not None:
+                host = torch.empty((batch_size, slot_bytes), dtype=torch.uint8, pin_memory=self.pinned)
+                buf = BatchBuffer(host.numpy(), host)
+            else:
+                buf = BatchBuffer(np.empty((batch_size, slot_bytes), np.uint8))
+            self.buffers.append(buf)
+        self._free: queue.Queue[BatchBuffer] = queue.Queue()
+        for buf in self.buffers:
+            self._free.put(buf)
+        self._closed = threading.Event()
+
+    def acquire(self, timeout: float | None = None, stop: threading.Event | None = None) -> BatchBuffer | None:
+        """A free buffer, cleared; waits for one (None after ``timeout`` seconds, once
+        ``stop`` is set, or on close). A buffer whose last copy to the accelerator is
+        still running is waited for."""
+        while not self._closed.is_set() and not (stop is not None and stop.is_set()):
+            try:
+                buf = self._free.get(timeout=0.1 if timeout is None else timeout)
+            except queue.Empty:
+                if timeout is not None:
+                    return None
+                continue
+            if buf.copied is not None:
+                buf.copied.synchronize()
+                buf.copied = None
+            buf.clear()
+            return buf
+        return None
+
+    def release(self, buf: BatchBuffer) -> None:
+        """Return a buffer to the free queue (after its copy was issued, if any)."""
+        self._free.put(buf)
+
+    @property
+    def free(self) -> int:
+        """Buffers in the free queue now."""
+        return self._free.qsize()
+
+    def close(self) -> None:
+        """Wake waiters and release transport memory (unregistering pinned pages)."""
+        self._closed.set()
+        for buf in self.buffers:
+            if buf.copied is not None:
+                buf.copied.synchronize()
+            if buf.handle is not None:
+                if self.pinned:
+                    import torch
+
+                    torch.cuda.cudart().cudaHostUnregister(buf.host.data_ptr())
+                buf.handle.free()
+                buf.handle = None

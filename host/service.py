@@ -1,0 +1,453 @@
+"""Decode service: keeps every device lane fed and routes what they decline to the CPU.
+
+One :class:`DecodeService` serves a loader. Each submitted :class:`Task` names an input
+(a path) and a destination slot of a :class:`~dlbooster.pool.BatchBuffer`; the service
+
+1. reads and pre-screens the input on a CPU worker (:func:`dlbooster.jpeg.parse`,
+   :func:`~dlbooster.jpeg.host_prescreen`): inputs a device cannot or must not take go
+   straight to the CPU path without costing device time;
+2. queues the rest, bounded, to a dispatcher thread per device, which keeps the
+   device's job FIFO full (jobs in flight up to ``job_depth + lanes``), writes each
+   decoded image straight into its slot (the slot's device address is the job's output
+   buffer when the pool's memory is the transport's), and collects completions out of
+   order by job id;
+3. sends every job the device declines (a non-zero status) or loses (a device fault,
+   after which the device is reset) to the CPU pool, whose result is identical
+   (Pillow's, SPEC.md section 1).
+
+Every task ends in exactly one call of its ``done(task, outcome)`` with an
+:class:`Outcome`: ``ok`` (the requested backend decoded it), ``fallback`` (the CPU path
+did, with the reason) or ``error`` (nothing can decode it; Pillow fails too), with the
+input's path. Bad input never raises out of the service.
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+import os
+import queue
+import threading
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from . import jpeg
+from .backends import CpuBackend, get_backend
+from .errors import DecodeError, FallbackError
+
+__all__ = ["DecodeService", "Outcome", "ServiceStats", "Task"]
+
+log = logging.getLogger("dlbooster")
+
+
+@dataclass
+class Outcome:
+    """What became of one input.
+
+    Attributes:
+        index: the dataset index.
+        path: the input's path.
+        status: ``ok``, ``fallback`` or ``error``.
+        backend: the backend whose pixels were delivered (None on error).
+        reason: why the requested backend declined it or why it failed (None when ok).
+        detail: human-readable detail of ``reason``.
+        extra: device figures (``cycles``, ``symbols``, ``lane``) for jobs a device ran.
+    """
+
+    index: int
+    path: str
+    status: str
+    backend: str | None
+    reason: str | None = None
+    detail: str = ""
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def __str__(self) -> str:
+        text = f"{self.path}: {self.status}"
+        if self.reason:
+            text += f" ({self.reason}{': ' + self.detail if self.detail else ''})"
+        return text
+
+
+@dataclass
+class Task:
+    """One input to decode into slot ``slot`` of ``buffer``; ``done(task, outcome)`` is
+    called exactly once, from a service thread."""
+
+    index: int
+    path: str
+    buffer: Any
+    slot: int
+    done: Callable[[Task, Outcome], None]
+
+
+@dataclass
+class ServiceStats:
+    """Counters of a service since it started (all thread-safe snapshots).
+
+    Attributes:
+        outcomes: ``(status, reason)`` -> count.
+        lane_clocks: (device, lane) -> device clocks spent on jobs.
+        device_clocks: device -> clocks the device ran (simulated devices only).
+        jobs: jobs sent to devices.
+        device_queue_peak: most tasks waiting for a device at once.
+        oversize: images larger than their slot.
+    """
+
+    outcomes: collections.Counter = field(default_factory=collections.Counter)
+    lane_clocks: collections.Counter = field(default_factory=collections.Counter)
+    device_clocks: dict = field(default_factory=dict)
+    jobs: int = 0
+    device_queue_peak: int = 0
+    oversize: int = 0
+
+
+_STOP = object()
+
+
+class _Dispatcher(threading.Thread):
+    """Drives one :class:`~dlbooster.device.DecoderDevice`: submits queued tasks while the
+    job FIFO has room, waits on completions, routes declined jobs to the CPU pool."""
+
+    def __init__(self, service: DecodeService, number: int, device, depth: int):
+        super().__init__(name=f"dlbooster-device{number}", daemon=True)
+        self.service, self.number, self.device = service, number, device
+        self.queue: queue.Queue = queue.Queue(maxsize=depth)
+        self.limit = device.job_depth + device.lanes
+        self.staging: list = []               # free input staging buffers (transport memory)
+        self.inflight: dict[int, tuple] = {}  # job id -> (task, data, info, src, dst)
+        self.next_id = 0
+        self.stopping = False
+        self.backlog: collections.deque = collections.deque()   # taken, not yet accepted
+        self.clocks0 = self._clocks()
+
+    def _clocks(self) -> int | None:
+        counters = getattr(self.device.transport, "counters", None)
+        return counters()["clocks"] if counters else None
+
+    def _staging(self, size: int):
+        t = self.device.transport
+        word = self.device.bus_bytes
+        for i, buf in enumerate(self.staging):
+            if buf.size >= size:
+                return self.staging.pop(i)
+        if self.staging:
+            self.staging.pop().free()         # grow: the smallest spare goes
+        return t.allocate(max(size, word, 1 << 16), writable=False)
+
+    def run(self) -> None:
+        try:
+            self._loop()
+        except BaseException as exc:  # a broken device must not lose the tasks it holds
+            detail = f"{type(exc).__name__}: {exc}"
+            log.error("device %d out of service: %s", self.number, detail)
+            self._abandon(detail)
+            if not self.stopping:
+                self._drain_to_cpu(detail)
+
+    def _loop(self) -> None:
+        self.stopping = False
+        while not (self.stopping and not self.inflight and not self.backlog):
+            while len(self.inflight) < self.limit:
+                if self.backlog:
+                    item = self.backlog.popleft()
+                elif self.stopping:
+                    break
+                else:
+                    try:
+                        item = self.queue.get(block=not self.inflight)
+                    except queue.Empty:
+                        break
+                    if item is _STOP:
+                        self.stopping = True
+                        continue
+                if not self._submit(*item):
+                    self.backlog.appendleft(item)      # job FIFO full: retry after a completion
+                    break
+            if self.inflight:
+                from .device import DeviceError
+
+                try:
+                    completions = self.device.wait()
+                except DeviceError as exc:
+                    self._abandon(str(exc))
+                    continue
+                if self.clocks0 is not None:
+                    self.service.stats.device_clocks[self.number] = self._clocks() - self.clocks0
+                for done in completions:
+                    self._complete(done)
+
+    def _submit(self, task: Task, data: bytes, info: jpeg.JpegInfo) -> bool:
+        service = self.service
+        src = self._staging(len(data))
+        src.array[: len(data)] = np.frombuffer(data, np.uint8)
+        src.sync_to_device()
+        frame = info.frame
+        need = 3 * frame.width * frame.height if frame is not None and frame.width <= self.device.max_width else 0
+        buf = task.buffer
+        dst = None
+        out_addr = buf.slot_address(task.slot)
+        cap = buf.slot_bytes
+        if out_addr is None or need > cap:
+            # The slot is not device memory, or the image is larger than a slot.
+            dst = self.device.transport.allocate(max(need, self.device.bus_bytes))
+            out_addr, cap = dst.device_address, max(need, 0)
+        job = self.next_id
+        if not self.device.submit(job, src.device_address, len(data), out_addr, cap):
+            self.staging.append(src)
+            if dst is not None:
+                dst.free()
+            return False
+        self.next_id = (self.next_id + 1) & 0xFFFFFFFF
+        self.inflight[job] = (task, data, info, src, dst)
+        with service._lock:
+            service.stats.jobs += 1
+        return True
+
+    def _complete(self, done) -> None:
+        entry = self.inflight.pop(done.job_id, None)
+        if entry is None:
+            return
+        task, data, info, src, dst = entry
+        self.staging.append(src)
+        service = self.service
+        extra = {"cycles": done.clocks, "symbols": done.symbols, "lane": done.lane}
+        with service._lock:
+            service.stats.lane_clocks[self.number, done.lane] += done.clocks
+        if done.status:
+            if dst is not None:
+                dst.free()
+            declined = FallbackError(done.reason, f"device status 0x{done.status:02x}")
+            service._cpu_pool.submit(service._fallback, task, data, info, declined, extra)
+            return
+        buf = task.buffer
+        buf.sizes[task.slot] = (done.height, done.width)
+        if dst is not None:
+            dst.sync_from_device()
+            image = dst.array[: 3 * done.width * done.height].reshape(done.height, done.width, 3)
+            service._place(task, image.copy())
+            dst.free()
+        service._finish(task, Outcome(task.index, task.path, "ok", service.backend_name, extra=extra))
+
+    def _abandon(self, detail: str) -> None:
+        """A device fault: reset the device (so it cannot write into buffers about to be
+        reused), then decode everything it held on the CPU."""
+        held = list(self.inflight.values())
+        self.inflight.clear()
+        try:
+            self.device.reset()
+        except Exception as exc:  # the device may be gone entirely
+            log.error("device %d reset failed: %s", self.number, exc)
+        for task, data, info, src, dst in held:
+            self.staging.append(src)
+            if dst is not None:
+                dst.free()
+            declined = FallbackError("device-fault", detail)
+            self.service._cpu_pool.submit(self.service._fallback, task, data, info, declined, {})
+        while self.backlog:
+            task, data, info = self.backlog.popleft()
+            declined = FallbackError("device-fault", detail)
+            self.service._cpu_pool.submit(self.service._fallback, task, data, info, declined, {})
+
+    def _drain_to_cpu(self, detail: str) -> None:
+        """A dead device's queue: everything still sent to it goes to the CPU, until close."""
+        while (item := self.queue.get()) is not _STOP:
+            task, data, info = item
+            declined = FallbackError("device-fault", detail)
+            self.service._cpu_pool.submit(self.service._fallback, task, data, info, declined, {})
+
+    def close(self) -> None:
+        self.queue.put(_STOP)
+        self.join()
+        for buf in self.staging:
+            buf.free()
+        self.staging.clear()
+
+
+class DecodeService:
+    """Decode inputs into batch slots over a backend's devices and a CPU pool.
+
+    Args:
+        backend: a backend name (:data:`dlbooster.backends.BACKENDS`) or instance. A
+            backend with a ``device`` attribute (``sim``; the boards) is driven through
+            its :class:`~dlbooster.device.DecoderDevice`; others decode on the CPU workers.
+        cpu_workers: threads of the CPU pool (reading, pre-screen, CPU decodes);
+            default: the process's CPU count.
+        device_queue: tasks waiting per device before submitters block (back-pressure).
+        backend_options: passed to :func:`~dlbooster.backends.get_backend` with a name.
+
+    The first ``sim`` use builds the simulated device (minutes; cached).
+    """
+
+    def __init__(self, backend: Any = "auto", *, cpu_workers: int | None = None,
+                 device_queue: int = 64, **backend_options: Any):
+        self.backend = get_backend(backend, **backend_options) if isinstance(backend, str) else backend
+        self.backend_name = self.backend.name
+        self.cpu = self.backend if isinstance(self.backend, CpuBackend) else CpuBackend()
+        self.max_width = getattr(self.backend, "max_width", jpeg.DEFAULT_MAX_WIDTH)
+        self.stats = ServiceStats()
+        self._lock = threading.Lock()
+        self._idle = threading.Condition()
+        self._outstanding = 0                 # submitted tasks whose done() has not run
+        self.cpu_workers = cpu_workers or len(os.sched_getaffinity(0))
+        self._cpu_pool = ThreadPoolExecutor(self.cpu_workers, thread_name_prefix="dlbooster-cpu")
+        devices = getattr(self.backend, "devices", None) or (
+            [self.backend.device] if hasattr(self.backend, "device") else [])
+        self._dispatchers = [_Dispatcher(self, n, d, device_queue) for n, d in enumerate(devices)]
+        for d in self._dispatchers:
+            d.start()
+        self._rr = 0
+        self._closed = False
+        self.started = time.perf_counter()
+
+    @property
+    def lanes(self) -> int:
+        """Decoder lanes over all devices (0 for a CPU backend)."""
+        return sum(d.device.lanes for d in self._dispatchers)
+
+    def allocator(self):
+        """``allocate(nbytes)`` of the first device's transport, for a
+        :class:`~dlbooster.pool.BatchPool` whose slots the device writes directly; None for
+        a CPU backend or several devices (each device writes through staging then)."""
+        if len(self._dispatchers) != 1:
+            return None
+        return self._dispatchers[0].device.transport.allocate
+
+    def submit(self, task: Task) -> None:
+        """Queue a task (never blocks for long: reading happens on the CPU pool)."""
+        if self._closed:
+            raise RuntimeError("the decode service is closed")
+        with self._idle:
+            self._outstanding += 1
+        self._cpu_pool.submit(self._prepare, task)
+
+    def queue_depths(self) -> dict[str, int]:
+        """Tasks waiting now: on the CPU pool and per device."""
+        depths = {"cpu": self._cpu_pool._work_queue.qsize()}
+        for d in self._dispatchers:
+            depths[f"device{d.number}"] = d.queue.qsize()
+        return depths
+
+    def _prepare(self, task: Task) -> None:
+        try:
+            try:
+                with open(task.path, "rb") as f:
+                    data = f.read()
+            except OSError as exc:
+                raise DecodeError("unreadable", f"{type(exc).__name__}: {exc.strerror}", task.path) from exc
+            if not data:
+                raise DecodeError("undecodable", "empty file", task.path)
+            if self._dispatchers:
+                # The device checks the entropy-coded data itself: headers suffice here.
+                info = jpeg.parse(data, headers_only=True)
+                reason = jpeg.host_prescreen(info, max_width=self.max_width)
+                if reason is None:
+                    d = self._dispatchers[self._rr % len(self._dispatchers)]
+                    self._rr += 1
+                    d.queue.put((task, data, info))
+                    with self._lock:
+                        self.stats.device_queue_peak = max(self.stats.device_queue_peak, d.queue.qsize())
+                    return
+                self._fallback(task, data, info, FallbackError(reason, "host pre-screen"), {})
+                return
+            self._decode_here(task, data, jpeg.parse(data))
+        except DecodeError as exc:
+            self._finish(task, Outcome(task.index, task.path, "error", None, exc.reason, exc.detail))
+        except Exception as exc:  # never lose a task to an unexpected fault
+            log.exception("decode of %s failed", task.path)
+            self._finish(task, Outcome(task.index, task.path, "error", None, "internal",
+                                       f"{type(exc).__name__}: {exc}"))
+
+    def _decode_here(self, task: Task, data: bytes, info: jpeg.JpegInfo) -> None:
+        """A non-device backend (cpu, model) on this CPU worker."""
+        backend = self.backend
+        if backend is self.cpu:
+            self._place(task, self.cpu.decode_into(data, info, task.buffer.data[task.slot]))
+            self._finish(task, Outcome(task.index, task.path, "ok", backend.name))
+            return
+        try:
+            image = backend.decode(data, info)
+        except FallbackError as declined:
+            self._fallback(task, data, info, declined, {})
+            return
+        self._place(task, image)
+        self._finish(task, Outcome(task.index, task.path, "ok", backend.name))
+
+    def _fallback(self, task: Task, data: bytes, info, declined: FallbackError, extra: dict) -> None:
+        """The CPU path for an input the requested backend declined."""
+        try:
+            if info.headers_only:
+                info = jpeg.parse(data)
+            self._place(task, self.cpu.decode_into(data, info, task.buffer.data[task.slot]))
+        except DecodeError as exc:
+            self._finish(task, Outcome(task.index, task.path, "error", None, exc.reason, exc.detail, extra))
+            return
+        except Exception as exc:
+            log.exception("CPU decode of %s failed", task.path)
+            self._finish(task, Outcome(task.index, task.path, "error", None, "internal",
+                                       f"{type(exc).__name__}: {exc}", extra))
+            return
+        self._finish(task, Outcome(task.index, task.path, "fallback", self.cpu.name,
+                                   declined.reason, declined.detail, extra))
+
+    def _place(self, task: Task, image: np.ndarray) -> None:
+        """Record an image in its slot (already there when it views the slot)."""
+        buf, slot = task.buffer, task.slot
+        h, w = image.shape[:2]
+        buf.sizes[slot] = (h, w)
+        row = buf.data[slot]
+        if image.size <= row.size:
+            if image.ctypes.data != row.ctypes.data:
+                row[: image.size] = image.reshape(-1)
+        else:
+            buf.oversize[slot] = image
+            with self._lock:
+                self.stats.oversize += 1
+
+    def _finish(self, task: Task, outcome: Outcome) -> None:
+        with self._lock:
+            self.stats.outcomes[outcome.status, outcome.reason] += 1
+        try:
+            task.done(task, outcome)
+        finally:
+            with self._idle:
+                self._outstanding -= 1
+                if not self._outstanding:
+                    self._idle.notify_all()
+
+    def lane_busy(self) -> dict[str, float]:
+        """Fraction of device clocks each lane spent on jobs since the service started
+        (devices that count clocks: the simulated one)."""
+        busy = {}
+        for (dev, lane), clocks in sorted(self.stats.lane_clocks.items()):
+            total = self.stats.device_clocks.get(dev)
+            if total:
+                busy[f"device{dev}.lane{lane}"] = clocks / total
+        return busy
+
+    def close(self) -> None:
+        """Finish submitted work (every task gets its outcome), then stop the dispatchers
+        and the CPU pool."""
+        if self._closed:
+            return
+        self._closed = True
+        self.drain()
+        for d in self._dispatchers:
+            d.close()
+        self._cpu_pool.shutdown(wait=True)
+
+    def drain(self) -> None:
+        """Block until every submitted task has had its ``done`` call."""
+        with self._idle:
+            self._idle.wait_for(lambda: not self._outstanding)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()

@@ -1,0 +1,646 @@
+"""``dlbooster.Loader`` end to end: pixels, labels, accounting, sharding, transforms.
+
+Pillow is the oracle throughout: every delivered image must equal
+``np.asarray(Image.open(path).convert("RGB"))``, and an input is an error exactly where
+Pillow raises on it. Sharding is checked against ``DistributedSampler`` + ``DataLoader``.
+The ``sim`` tests drive the 4-lane, 256-pixel build that tests/test_device_sim.py uses
+(one instance shared by the module, reset before each test).
+"""
+
+from __future__ import annotations
+
+import math
+import resource
+import shutil
+import struct
+import time
+import warnings
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+from dlbooster import jpeg
+from dlbooster.errors import DecodeError
+from dlbooster.loader import Loader
+from dlbooster.sim.flow import simulator_available
+from dlbooster.transforms import eval_transform, train_transform
+
+from jpegtools import feature_files, gen, gif_bytes, make_jpeg, photo, photo_crop, png_bytes, skimage_data_dir
+
+WIDTH = 256          # the sim build of tests/test_device_sim.py: lanes 1 and 4, 256-pixel lines
+LANES = 4
+
+needs_verilator = pytest.mark.skipif(not simulator_available("verilator"), reason="verilator not installed")
+
+
+# ---------------------------------------------------------------------------------
+# Helpers
+
+
+def pillow_file(path) -> tuple[np.ndarray | None, BaseException | None]:
+    """``np.asarray(Image.open(path).convert("RGB"))``, or the exception Pillow raised."""
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            with Image.open(path) as im:
+                return np.asarray(im.convert("RGB")), None
+    except Exception as exc:  # Pillow raises many types
+        return None, exc
+
+
+def make_loader(source, batch_size: int = 4, **kw) -> Loader:
+    kw.setdefault("shuffle", False)
+    kw.setdefault("rank", 0)
+    kw.setdefault("world_size", 1)
+    kw.setdefault("cpu_workers", 2)
+    return Loader(source, batch_size, **kw)
+
+
+def check_batches(loader: Loader, batches, refs: dict | None = None) -> list[int]:
+    """Assert every batch's images, sizes, padding and labels against Pillow; return the
+    dataset indices delivered, in order."""
+    refs = {} if refs is None else refs
+    order: list[int] = []
+    for batch in batches:
+        n = len(batch.indices)
+        images, labels = batch
+        assert images is batch.images and labels is batch.labels
+        assert batch.indices.dtype == torch.int64 and batch.sizes.dtype == torch.int64
+        assert images.dtype == torch.uint8 and tuple(images.shape[:2]) == (n, 3)
+        assert labels.dtype == torch.int64 and tuple(labels.shape) == (n,)
+        assert tuple(batch.sizes.shape) == (n, 2)
+        if n:
+            assert tuple(images.shape[2:]) == tuple(batch.sizes.max(dim=0).values.tolist())
+        for i in range(n):
+            index = int(batch.indices[i])
+            sample = loader.samples[index]
+            if sample.path not in refs:
+                refs[sample.path] = pillow_file(sample.path)
+            ref, exc = refs[sample.path]
+            assert exc is None, f"{sample.path} delivered, but Pillow raises {exc!r}"
+            h, w = batch.sizes[i].tolist()
+            assert (h, w) == ref.shape[:2], sample.path
+            got = images[i][:, :h, :w].permute(1, 2, 0).numpy()
+            assert np.array_equal(got, ref), f"{sample.path}: pixels differ from Pillow's"
+            assert not images[i][:, h:, :].any() and not images[i][:, :, w:].any(), f"{sample.path}: padding"
+            assert int(labels[i]) == sample.label
+            order.append(index)
+    return order
+
+
+def write(path, data: bytes):
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(data)
+    return path
+
+
+def patch_sof(data: bytes, *, width: int | None = None, height: int | None = None,
+              marker: int | None = None, precision: int | None = None) -> bytes:
+    """``data`` with its SOF0 header changed."""
+    out = bytearray(data)
+    i = data.index(b"\xff\xc0")
+    if marker is not None:
+        out[i + 1] = marker
+    if precision is not None:
+        out[i + 4] = precision
+    if height is not None:
+        out[i + 5:i + 7] = struct.pack(">H", height)
+    if width is not None:
+        out[i + 7:i + 9] = struct.pack(">H", width)
+    return bytes(out)
+
+
+def bad_inputs(root) -> dict[str, object]:
+    """Named test inputs, written under ``root`` (``missing`` is not written)."""
+    base = gen(40, 24, subsampling=2, quality=85)
+    scan = jpeg.parse(base).scans[0]
+    middle = (scan.data_start + scan.data_end) // 2
+    corrupt = bytearray(base)
+    for k in range(middle, middle + 8):
+        corrupt[k] ^= 0x5A
+    files = {
+        "good": base,
+        "empty": b"",
+        "png": png_bytes(photo_crop(20, 12)),
+        "gif": gif_bytes(photo_crop(18, 10)),
+        "truncated": base[:middle],                                  # cut in the entropy data, no EOI
+        "truncated_entropy_eoi": base[:middle] + base[scan.data_end:],   # libjpeg warns, decodes
+        "corrupt_entropy": bytes(corrupt),
+        "cmyk": make_jpeg(20, 12, mode="CMYK"),
+        "progressive": gen(24, 16, subsampling=2, progressive=True),
+        # A 12-bit SOF1 header on 8-bit data: Pillow (8-bit libjpeg) refuses the header.
+        "precision12": patch_sof(base, marker=0xC1, precision=12),
+        "huge": patch_sof(base, width=65535, height=65535),
+        "good_odd": gen(37, 29, subsampling=1, quality=60),
+    }
+    paths = {}
+    for name, data in files.items():
+        paths[name] = write(root / f"{name}.jpg", data)
+    paths["missing"] = root / "missing.jpg"
+    return paths
+
+
+def drain(loader: Loader) -> list:
+    return list(loader)
+
+
+# ---------------------------------------------------------------------------------
+# 1. cpu backend: Pillow's pixels, ImageFolder's labels
+
+
+@pytest.fixture(scope="module")
+def image_folder(tmp_path_factory):
+    """An ImageFolder of three classes: generated JPEGs of every feature, real photos
+    (as shipped and re-encoded), and odd sizes in a nested folder plus a PNG."""
+    root = tmp_path_factory.mktemp("folder")
+    for name, data in feature_files(WIDTH).items():
+        if name != "no_eoi":                       # Pillow raises on it: see the accounting tests
+            write(root / "a_generated" / f"{name}.jpg", data)
+    photos = root / "b_photos"
+    photos.mkdir()
+    for name in ("rocket.jpg", "hubble_deep_field.jpg"):
+        (photos / name).write_bytes((skimage_data_dir() / name).read_bytes())
+    write(photos / "chelsea_420.jpg", make_jpeg(0, 0, image=photo("chelsea.png"), subsampling=2, quality=90))
+    write(photos / "coffee_444_optimised.jpg",
+          make_jpeg(0, 0, image=photo("coffee.png"), subsampling=0, quality=80, optimize=True))
+    write(photos / "camera_gray_restart.jpg",
+          make_jpeg(0, 0, image=photo("camera.png"), subsampling="gray", quality=75, restart_rows=2))
+    nested = root / "c_mixed" / "deeper"
+    write(nested / "odd_420_restart.jpg", gen(61, 47, subsampling=2, quality=50, restart_blocks=3))
+    write(nested / "odd_422_optimised.jpg", gen(45, 31, subsampling=1, quality=90, optimize=True))
+    write(root / "c_mixed" / "odd_444.jpg", gen(7, 5, subsampling=0, quality=95))
+    write(root / "c_mixed" / "gray_odd.jpg", gen(13, 11, subsampling="gray", quality=40))
+    write(root / "c_mixed" / "photo.png", png_bytes(photo_crop(33, 21, "chelsea.png")))
+    return root
+
+
+def test_cpu_epochs_equal_pillow_and_imagefolder(image_folder):
+    from torchvision.datasets import ImageFolder
+
+    reference = ImageFolder(str(image_folder))
+    # rocket (640x427) fits a 300k-pixel slot, hubble_deep_field (1000x872) does not.
+    with make_loader(image_folder, 4, backend="cpu", shuffle=True, seed=3, slot_pixels=300_000) as loader:
+        assert loader.backend_name == "cpu"
+        assert [(s.path, s.label) for s in loader.samples] == [(p, t) for p, t in reference.samples]
+        assert len(loader) == math.ceil(len(reference) / 4)
+        refs: dict = {}
+        orders = []
+        for epoch in (0, 1):
+            loader.set_epoch(epoch)
+            batches = drain(loader)
+            assert len(batches) == len(loader)
+            order = check_batches(loader, batches, refs)
+            assert sorted(order) == list(range(len(reference))), "each sample exactly once per epoch"
+            assert all(b.outcomes == [] for b in batches)
+            for batch in batches:
+                assert batch.labels.tolist() == [reference.targets[i] for i in batch.indices.tolist()]
+            report = loader.report
+            assert (report.epoch, report.positions, report.delivered, report.replaced) == \
+                (epoch, len(reference), len(reference), 0)
+            assert report.skipped == [] and report.fallbacks == [] and report.accounted == report.positions
+            stats = loader.stats()
+            assert stats.images == len(reference)
+            assert stats.outcomes == {"ok": len(reference)}      # this epoch's
+            if epoch == 0:
+                assert stats.oversize == 1
+            orders.append(order)
+        assert orders[0] != orders[1], "set_epoch changes the shuffle"
+    assert len(set(reference.targets)) == 3
+
+
+# ---------------------------------------------------------------------------------
+# 2. Accounting of bad inputs, policies
+
+
+@pytest.fixture(scope="module")
+def bad_dir(tmp_path_factory):
+    return bad_inputs(tmp_path_factory.mktemp("bad"))
+
+
+@pytest.fixture(scope="module")
+def sim_backend():
+    from dlbooster.backends import SimBackend
+
+    backend = SimBackend(lanes=LANES, max_width=WIDTH)
+    yield backend
+    backend.device.transport.close()
+
+
+@pytest.fixture
+def sim(sim_backend):
+    """The shared 4-lane sim backend, its memory port well-behaved and the device reset."""
+    from dlbooster.sim.device import PortBehaviour
+
+    sim_backend.device.transport.set_port(PortBehaviour())
+    sim_backend.device.reset()
+    return sim_backend
+
+
+def _backend(request, name):
+    return request.getfixturevalue("sim") if name == "sim" else name
+
+
+@pytest.mark.parametrize("backend", ["cpu", pytest.param("sim", marks=needs_verilator)])
+def test_bad_inputs_outcomes_and_accounting(bad_dir, backend, request):
+    source = [(str(path), n) for n, path in enumerate(bad_dir.values())]
+    names = list(bad_dir)
+    refs = {path: pillow_file(path) for path, _ in source}
+    failing = {path for path, (_, exc) in refs.items() if exc is not None}
+    # What Pillow does with each input (the oracle; checked here so a Pillow change shows).
+    assert {names[label] for path, label in source if path in failing} == \
+        {"missing", "empty", "truncated", "precision12", "huge"}
+    with make_loader(source, 3, backend=_backend(request, backend), slot_pixels=64 * 64,
+                     on_error="skip") as loader:
+        batches = drain(loader)
+        delivered = check_batches(loader, batches, refs)
+        assert sorted(delivered) == sorted(label for path, label in source if path not in failing)
+        outcomes = {o.path: o for b in batches for o in b.outcomes}
+        for path, label in source:
+            name = names[label]
+            if path in failing:
+                outcome = outcomes[path]
+                assert (outcome.status, outcome.index, outcome.backend) == ("error", label, None), name
+                if name == "missing":
+                    assert outcome.reason == "unreadable" and "FileNotFoundError" in outcome.detail
+                else:
+                    assert outcome.reason == "undecodable", name
+                if name not in ("missing", "empty"):
+                    assert type(refs[path][1]).__name__ in outcome.detail, (name, outcome.detail)
+                assert path in str(outcome)
+            elif backend == "cpu":
+                assert path not in outcomes, f"{name}: the cpu backend decodes it itself"
+            elif path in outcomes:
+                outcome = outcomes[path]
+                assert (outcome.status, outcome.backend) == ("fallback", "cpu"), name
+                assert outcome.reason, name
+        if backend == "sim":
+            # Outside the device's profile: decoded by the CPU path, with the device's reason.
+            expect = {"png": "not-jpeg", "gif": "not-jpeg", "cmyk": "components", "progressive": "progressive",
+                      "truncated_entropy_eoi": "truncated"}
+            for name, reason in expect.items():
+                assert (outcomes[str(bad_dir[name])].status, outcomes[str(bad_dir[name])].reason) == \
+                    ("fallback", reason), name
+            for name in ("good", "good_odd"):
+                assert str(bad_dir[name]) not in outcomes, name
+        report = loader.report
+        assert report.positions == len(source) and report.accounted == report.positions
+        assert report.delivered == len(source) - len(failing) and report.replaced == 0
+        assert sorted(o.path for o in report.skipped) == sorted(failing)
+        assert report.fallbacks == [o for b in batches for o in b.outcomes if o.status == "fallback"]
+        stats = loader.stats()
+        assert sum(stats.outcomes.values()) == len(source)
+        assert stats.outcomes["error:unreadable"] == 1
+        assert stats.outcomes["error:undecodable"] == len(failing) - 1
+        assert stats.outcomes.get("ok", 0) + len(report.fallbacks) == report.delivered
+        assert loader.pool.free == loader.pool.depth
+
+
+def test_huge_declared_frame_is_an_error_without_a_huge_buffer(tmp_path):
+    data = patch_sof(gen(16, 16, subsampling=0, quality=80), width=65535, height=65535)
+    path = write(tmp_path / "huge.jpg", data)
+    _, pillow_exc = pillow_file(path)
+    assert type(pillow_exc).__name__ == "DecompressionBombError"
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss        # KiB on Linux
+    start = time.perf_counter()
+    with make_loader([(str(path), 0)] * 3, 2, backend="cpu", slot_pixels=64 * 64) as loader:
+        batches = drain(loader)
+    elapsed = time.perf_counter() - start
+    grown = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - peak
+    assert elapsed < 10, f"{elapsed:.1f} s for three rejected headers"
+    assert grown < 256 * 1024, f"peak RSS grew by {grown} KiB"
+    assert [len(b.indices) for b in batches] == [0, 0]
+    assert tuple(batches[0].images.shape) == (0, 3, 0, 0)
+    outcomes = [o for b in batches for o in b.outcomes]
+    assert [(o.status, o.reason) for o in outcomes] == [("error", "undecodable")] * 3
+    assert all("DecompressionBombError" in o.detail and o.path == str(path) for o in outcomes)
+    assert loader.report.accounted == loader.report.positions == 3
+
+
+def test_policy_raise_names_the_path(bad_dir):
+    source = [(str(bad_dir[name]), i) for i, name in enumerate(("good", "png", "empty", "good_odd", "huge"))]
+    with make_loader(source, 2, backend="cpu", on_error="raise") as loader:
+        it = iter(loader)
+        first = next(it)
+        assert first.indices.tolist() == [0, 1] and first.outcomes == []
+        with pytest.raises(DecodeError) as err:
+            next(it)
+        assert str(bad_dir["empty"]) in str(err.value)
+        assert err.value.source == str(bad_dir["empty"]) and err.value.reason == "undecodable"
+        # The abandoned epoch gave every buffer back; the next epoch stops at the same input.
+        assert loader.pool.free == loader.pool.depth
+        with pytest.raises(DecodeError, match="empty"):
+            drain(loader)
+        assert loader.pool.free == loader.pool.depth
+
+
+def test_policy_replace(bad_dir):
+    names = ("missing", "good", "truncated", "cmyk", "huge")
+    source = [(str(bad_dir[name]), 10 + i) for i, name in enumerate(names)]
+    calls = []
+
+    def replace(index, outcome):
+        calls.append((index, outcome.path, outcome.status))
+        return np.full((5, 7, 3), index, np.uint8)
+
+    with make_loader(source, 2, backend="cpu", on_error="replace", replace=replace) as loader:
+        batches = drain(loader)
+    assert sorted(calls) == [(0, source[0][0], "error"), (2, source[2][0], "error"), (4, source[4][0], "error")]
+    assert [b.indices.tolist() for b in batches] == [[0, 1], [2, 3], [4]]
+    for batch in batches:
+        assert batch.labels.tolist() == [10 + i for i in batch.indices.tolist()]
+        for i, index in enumerate(batch.indices.tolist()):
+            h, w = batch.sizes[i].tolist()
+            got = batch.images[i][:, :h, :w].permute(1, 2, 0).numpy()
+            if index in (0, 2, 4):
+                assert (h, w) == (5, 7) and (got == index).all()
+            else:
+                assert np.array_equal(got, pillow_file(source[index][0])[0])
+    assert [o.path for b in batches for o in b.outcomes] == [source[0][0], source[2][0], source[4][0]]
+    report = loader.report
+    assert (report.replaced, report.delivered, report.skipped) == (3, 2, [])
+    assert report.accounted == report.positions == 5
+
+
+def test_bad_policy_arguments():
+    with pytest.raises(ValueError):
+        make_loader([("x.jpg", 0)], 1, on_error="ignore")
+    with pytest.raises(ValueError):
+        make_loader([("x.jpg", 0)], 1, on_error="replace")
+    with pytest.raises(ValueError):
+        make_loader([("x.jpg", 0)], 0)
+
+
+# ---------------------------------------------------------------------------------
+# 3. Sharding: DistributedSampler + DataLoader, index for index
+
+
+N_SHARD = 11
+
+
+@pytest.fixture(scope="module")
+def tiny_source(tmp_path_factory):
+    root = tmp_path_factory.mktemp("tiny")
+    return [(str(write(root / f"{i:02d}.jpg", gen(8 + i, 8, subsampling=i % 3, quality=50 + i))), 100 + i)
+            for i in range(N_SHARD)]
+
+
+@pytest.mark.parametrize("drop_last", [False, True])
+@pytest.mark.parametrize("shuffle", [False, True])
+@pytest.mark.parametrize("world_size", [2, 3])
+def test_shards_equal_distributed_sampler(tiny_source, world_size, shuffle, drop_last):
+    from torch.utils.data import DataLoader, DistributedSampler
+
+    batch_size, seed = 2, 7
+    loaders = [make_loader(tiny_source, batch_size, backend="cpu", shuffle=shuffle, seed=seed,
+                           drop_last=drop_last, rank=r, world_size=world_size, slot_pixels=32 * 32)
+               for r in range(world_size)]
+    try:
+        for epoch in (0, 1):
+            covered = set()
+            for rank, loader in enumerate(loaders):
+                sampler = DistributedSampler(range(N_SHARD), num_replicas=world_size, rank=rank,
+                                             shuffle=shuffle, seed=seed, drop_last=drop_last)
+                sampler.set_epoch(epoch)
+                reference = DataLoader(range(N_SHARD), batch_size=batch_size, sampler=sampler, drop_last=drop_last)
+                expect = list(sampler)
+                if drop_last:
+                    expect = expect[: len(expect) // batch_size * batch_size]
+                loader.set_epoch(epoch)
+                assert len(loader) == len(reference)
+                batches = drain(loader)
+                got = [i for b in batches for i in b.indices.tolist()]
+                assert got == expect, (rank, epoch)
+                assert [b.indices.tolist() for b in batches] == [b.tolist() for b in reference]
+                assert all(b.labels.tolist() == [100 + i for i in b.indices.tolist()] for b in batches)
+                assert loader.report.positions == len(expect) == loader.report.accounted
+                covered.update(got)
+            if not drop_last:
+                assert covered == set(range(N_SHARD))
+    finally:
+        for loader in loaders:
+            loader.close()
+
+
+# ---------------------------------------------------------------------------------
+# 4. Transforms
+
+
+@pytest.fixture(scope="module")
+def transform_source(tmp_path_factory):
+    root = tmp_path_factory.mktemp("transform")
+    shapes = [(80, 60, 2), (50, 90, 1), (64, 64, 0), (120, 70, "gray"), (33, 100, 2)]
+    source = [(str(write(root / f"{i}.jpg", gen(w, h, subsampling=s, quality=85))), i)
+              for i, (w, h, s) in enumerate(shapes)]
+    photo_path = write(root / "rocket.jpg", (skimage_data_dir() / "rocket.jpg").read_bytes())
+    return source + [(str(photo_path), 5)]
+
+
+def _reference_transform(transform, batches, source):
+    """The transform applied to Pillow's images of each batch, in the loader's order."""
+    out = []
+    for batch in batches:
+        views = [torch.from_numpy(pillow_file(source[i][0])[0].copy()).permute(2, 0, 1)
+                 for i in batch.indices.tolist()]
+        out.append(transform(views))
+    return out
+
+
+def test_train_transform_batches(transform_source):
+    with make_loader(transform_source, 4, backend="cpu", shuffle=True, seed=1,
+                     transform=train_transform(64, seed=5)) as loader:
+        for epoch in (0, 1):
+            loader.set_epoch(epoch)
+            batches = drain(loader)
+            assert [len(b.indices) for b in batches] == [4, 2]
+            for batch in batches:
+                n = len(batch.indices)
+                assert batch.images.dtype == torch.float32 and tuple(batch.images.shape) == (n, 3, 64, 64)
+                assert torch.isfinite(batch.images).all()
+                # The sizes are the decoded ones, before the crop.
+                assert batch.sizes.tolist() == [list(pillow_file(transform_source[i][0])[0].shape[:2])
+                                                for i in batch.indices.tolist()]
+            reference = train_transform(64, seed=5)
+            reference.set_epoch(epoch)
+            expect = _reference_transform(reference, batches, transform_source)
+            for batch, ref in zip(batches, expect):
+                assert torch.equal(batch.images, ref), f"epoch {epoch}: the loader's draws differ"
+
+
+def test_eval_transform_is_deterministic_across_epochs(transform_source):
+    with make_loader(transform_source, 4, backend="cpu", shuffle=False, transform=eval_transform(64, 72)) as loader:
+        epochs = []
+        for epoch in (0, 1):
+            loader.set_epoch(epoch)
+            epochs.append(drain(loader))
+    expect = _reference_transform(eval_transform(64, 72), epochs[0], transform_source)
+    for a, b, ref in zip(*epochs, expect):
+        assert a.images.dtype == torch.float32 and tuple(a.images.shape) == (len(a.indices), 3, 64, 64)
+        assert torch.equal(a.indices, b.indices) and torch.equal(a.images, b.images)
+        assert torch.equal(a.images, ref)
+
+
+# ---------------------------------------------------------------------------------
+# 5, 6. The simulated device
+
+
+@pytest.fixture(scope="module")
+def sim_source(tmp_path_factory):
+    """Six small JPEGs the device takes, one larger than a 64x64 slot (the device writes
+    it to its own buffer), one progressive (declined), one missing file."""
+    root = tmp_path_factory.mktemp("sim")
+    subsamplings = (0, 1, 2, "gray", 2, "440")
+    source = [(str(write(root / f"{i}.jpg", gen(48, 40 - 2 * i, subsampling=s, quality=60 + 5 * i))), i % 3)
+              for i, s in enumerate(subsamplings)]
+    source.append((str(write(root / "oversize.jpg", gen(96, 80, subsampling=2, quality=80))), 0))
+    source.append((str(write(root / "progressive.jpg", gen(24, 16, subsampling=2, progressive=True))), 1))
+    source.append((str(root / "missing.jpg"), 2))
+    return source
+
+
+def _sim_loader(source, backend, **kw):
+    return make_loader(source, 4, backend=backend, slot_pixels=64 * 64, **kw)
+
+
+@needs_verilator
+def test_sim_loader_equals_pillow_and_cpu(sim, sim_source):
+    with _sim_loader(sim_source, sim) as loader:
+        assert loader.backend_name == "sim" and loader.service.lanes == LANES
+        sim_batches = drain(loader)
+        delivered = check_batches(loader, sim_batches)
+        assert delivered == list(range(8))
+        assert [len(b.indices) for b in sim_batches] == [4, 4, 0]
+        assert tuple(sim_batches[-1].images.shape) == (0, 3, 0, 0)
+        outcomes = [o for b in sim_batches for o in b.outcomes]
+        assert [(o.index, o.status, o.backend, o.reason) for o in outcomes] == \
+            [(7, "fallback", "cpu", "progressive"), (8, "error", None, "unreadable")]
+        assert outcomes[0].path == sim_source[7][0] and outcomes[1].path == sim_source[8][0]
+        assert outcomes[0].extra["cycles"] > 0 and 0 <= outcomes[0].extra["lane"] < LANES
+        report = loader.report
+        assert (report.positions, report.delivered, report.accounted) == (9, 8, 9)
+        assert report.fallbacks == [outcomes[0]] and report.skipped == [outcomes[1]]
+        stats = loader.stats()
+        assert stats.outcomes == {"ok": 7, "fallback:progressive": 1, "error:unreadable": 1}
+        assert stats.oversize == 1 and stats.images == 8
+        assert stats.lane_busy, "no lane figures"
+        assert set(stats.lane_busy) <= {f"device0.lane{k}" for k in range(LANES)}
+        assert all(0 < v <= 1 for v in stats.lane_busy.values()), stats.lane_busy
+        assert loader.pool.free == loader.pool.depth
+    with _sim_loader(sim_source, "cpu") as loader:
+        cpu_batches = drain(loader)
+        assert [o.index for b in cpu_batches for o in b.outcomes] == [8]
+    for s, c in zip(sim_batches, cpu_batches, strict=True):
+        assert torch.equal(s.indices, c.indices) and torch.equal(s.sizes, c.sizes)
+        assert torch.equal(s.labels, c.labels) and torch.equal(s.images, c.images)
+
+
+@needs_verilator
+def test_sim_stalled_memory_falls_back_to_cpu(sim, sim_source, monkeypatch):
+    """The device's memory stops answering reads: the watchdog ends the jobs the lanes
+    hold, the lanes stay busy on their dead transactions, the dispatcher's wait times out
+    (a device fault: reset, jobs to the CPU). Every image still arrives, from the CPU.
+
+    Hooks the Loader does not expose, reached through
+    ``loader.service._dispatchers[0].device``: the watchdog register (default 2**24
+    clocks, minutes in the simulator) and the dispatcher's wait bound (2**28 clocks)."""
+    from dlbooster.sim.device import PortBehaviour
+
+    with _sim_loader(sim_source, sim) as loader:
+        device = loader.service._dispatchers[0].device
+        assert device is sim.device
+        device.watchdog = 2000
+        real_wait = device.wait
+        monkeypatch.setattr(device, "wait", lambda max_clocks=1 << 28: real_wait(min(max_clocks, 30_000)))
+        device.transport.set_port(PortBehaviour(stall_reads=True))
+        start = time.perf_counter()
+        batches = drain(loader)
+        elapsed = time.perf_counter() - start
+        assert check_batches(loader, batches) == list(range(8))
+        outcomes = [o for b in batches for o in b.outcomes]
+        assert outcomes[-1].index == 8 and outcomes[-1].status == "error"
+        fallbacks = outcomes[:-1]
+        assert sorted(o.index for o in fallbacks) == list(range(8)), "every image came from the CPU"
+        assert all(o.status == "fallback" and o.backend == "cpu" for o in fallbacks)
+        reasons = [o.reason for o in fallbacks]
+        assert set(reasons) == {"watchdog", "device-fault"}, reasons
+        assert reasons.count("watchdog") <= LANES, "a lane whose job the watchdog ended stays busy"
+        assert loader.report.accounted == loader.report.positions == 9
+        assert loader.report.fallbacks == fallbacks
+        stats = loader.stats().outcomes
+        assert stats["fallback:watchdog"] + stats["fallback:device-fault"] == 8
+        assert elapsed < 60
+    # The device works again once the memory answers.
+    monkeypatch.undo()
+    device.transport.set_port(PortBehaviour())
+    device.reset()
+    with _sim_loader(sim_source[:2], sim) as loader:
+        batches = drain(loader)
+        assert check_batches(loader, batches) == [0, 1] and batches[0].outcomes == []
+
+
+# ---------------------------------------------------------------------------------
+# 7. Abandoned epochs
+
+
+def test_break_out_of_an_epoch_then_a_full_one(tiny_source):
+    with make_loader(tiny_source, 2, backend="cpu", prefetch=2, slot_pixels=32 * 32) as loader:
+        assert loader.pool.depth == 3
+        start = time.perf_counter()
+        for batch in loader:
+            assert batch.indices.tolist() == [0, 1]
+            break
+        assert time.perf_counter() - start < 10
+        assert loader.pool.free == loader.pool.depth
+        assert loader.stats().images == 2
+        assert loader.report.accounted < loader.report.positions
+        # A generator left suspended, then dropped, gives its buffers back too.
+        it = iter(loader)
+        next(it)
+        next(it)
+        del it
+        assert loader.pool.free == loader.pool.depth
+        loader.set_epoch(1)
+        batches = drain(loader)
+        assert check_batches(loader, batches) == list(range(N_SHARD))
+        assert loader.report.accounted == loader.report.positions == N_SHARD
+        assert loader.pool.free == loader.pool.depth
+
+
+def test_closing_twice_and_copying_folder_source(tmp_path, image_folder):
+    """A folder given as a ``Path`` lists like ImageFolder; close is idempotent."""
+    shutil.copytree(image_folder / "c_mixed", tmp_path / "only" / "c_mixed")
+    loader = make_loader(tmp_path / "only", 8, backend="cpu")
+    try:
+        batches = drain(loader)
+        assert len(check_batches(loader, batches)) == 5
+    finally:
+        loader.close()
+        loader.close()
+
+
+def test_a_failing_transform_gives_its_buffer_back(tiny_source):
+    def broken(images):
+        raise RuntimeError("transform failed")
+
+    with make_loader(tiny_source, 2, backend="cpu", slot_pixels=32 * 32, transform=broken) as loader:
+        with pytest.raises(RuntimeError, match="transform failed"):
+            drain(loader)
+        assert loader.pool.free == loader.pool.depth
+        # Every failed epoch gives its buffer back: more failures than buffers never hang.
+        for _ in range(loader.pool.depth + 1):
+            with pytest.raises(RuntimeError, match="transform failed"):
+                drain(loader)
+        assert loader.pool.free == loader.pool.depth
+
+
+def test_a_new_iteration_ends_a_suspended_one(tiny_source):
+    with make_loader(tiny_source, 2, backend="cpu", slot_pixels=32 * 32) as loader:
+        first = iter(loader)
+        next(first)                      # peeked at, kept alive: holds the pool's buffers
+        batches = drain(loader)          # must not wait for the first iteration's buffers
+        assert len(batches) == len(loader)
+        assert sorted(check_batches(loader, batches)) == list(range(len(tiny_source)))
+        with pytest.raises(RuntimeError, match="ended by a newer one"):
+            next(first)
+        assert loader.pool.free == loader.pool.depth

@@ -1,0 +1,209 @@
+"""dlbooster.sources against torchvision's ImageFolder, which is the oracle."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from dlbooster.sources import IMG_EXTENSIONS, Sample, as_samples, image_folder
+
+folder = pytest.importorskip("torchvision.datasets.folder")
+
+HYMENOPTERA = Path(__file__).resolve().parents[1].parent / "shared" / "corpus" / "hymenoptera" / "hymenoptera_data" / "train"
+
+needs_symlinks = pytest.mark.skipif(not hasattr(os, "symlink") or os.name == "nt",
+                                    reason="needs POSIX symbolic links")
+
+
+def touch(path: Path) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(b"")
+
+
+def torchvision_view(root):
+    ds = folder.ImageFolder(root)
+    return ds.samples, ds.classes, ds.class_to_idx
+
+
+def our_view(root):
+    samples, classes, class_to_idx = image_folder(root)
+    assert all(type(s.path) is str and type(s.label) is int for s in samples)
+    return [(s.path, s.label) for s in samples], classes, class_to_idx
+
+
+@pytest.fixture
+def tree(tmp_path):
+    """A class tree with the traps torchvision's listing has to get right."""
+    root = tmp_path / "root"
+    for rel in [
+        # "B" sorts before "a" (code points), and before "_x".
+        "B/x.JPEG", "B/notes.txt", "B/sub/z.png", "B/sub/deeper/w.Jpg",
+        # "sub b" sorts before "sub/..." as a path (" " < "/"), unlike os.walk's order.
+        "B/sub b/v.jpg", "B/sub.d/u.TIFF", "B/0first.webp", "B/no_ext", "B/x.jpeg.bak",
+        "a/.hidden.jpg", "a/img.webp", "a/readme.md", "a/IMG.PNG", "a/z.ppm", "a/y.pgm",
+        "a/q.bmp", "a/r.tif",
+        "_x/only.jpeg",
+        ".hidden_class/h.png",  # a hidden folder is still a class for torchvision
+        "root_level.jpg",  # files directly in root are not samples
+    ]:
+        touch(root / rel)
+    (root / "a" / "folder.jpg").mkdir()  # a folder with an image name is no sample
+    if os.name != "nt":
+        outside = tmp_path / "outside"
+        touch(outside / "p.bmp")
+        touch(outside / "inner" / "q.jpg")
+        touch(outside / "ignored.gif")
+        (root / "linked").symlink_to(outside, target_is_directory=True)  # a class via a link
+        touch(tmp_path / "more" / "m.png")
+        (root / "a" / "via_link").symlink_to(tmp_path / "more", target_is_directory=True)
+        (root / "a" / "dangling.jpg").symlink_to(tmp_path / "missing.jpg")
+    return root
+
+
+def test_image_folder_matches_torchvision(tree):
+    ours = our_view(tree)
+    assert ours == torchvision_view(tree)
+    samples, classes, class_to_idx = ours
+    assert classes[:3] == [".hidden_class", "B", "_x"]
+    assert class_to_idx["B"] < class_to_idx["a"]
+    names = [os.path.relpath(p, tree) for p, _ in samples]
+    assert os.path.join("B", "x.JPEG") in names
+    assert os.path.join("a", ".hidden.jpg") in names
+    assert not any(n.endswith((".txt", ".md", ".bak", "no_ext", ".gif")) for n in names)
+    assert os.path.join("root_level.jpg") not in names
+    # Folders in path order (" " < "." < "/"), not os.walk's: sub/deeper comes last.
+    assert [n for n in names if n.startswith("B" + os.sep)] == [os.path.join("B", *p) for p in [
+        ("0first.webp",), ("x.JPEG",), ("sub", "z.png"), ("sub b", "v.jpg"), ("sub.d", "u.TIFF"),
+        ("sub", "deeper", "w.Jpg")]]
+
+
+@needs_symlinks
+def test_image_folder_follows_links(tree):
+    samples, classes, class_to_idx = image_folder(tree)
+    paths = {s.path: s.label for s in samples}
+    assert "linked" in classes
+    assert paths[os.path.join(str(tree), "linked", "inner", "q.jpg")] == class_to_idx["linked"]
+    assert paths[os.path.join(str(tree), "a", "via_link", "m.png")] == class_to_idx["a"]
+    # torchvision lists a dangling link by its name; so do we.
+    assert os.path.join(str(tree), "a", "dangling.jpg") in paths
+
+
+@pytest.mark.parametrize("form", [str, Path, lambda p: str(p) + os.sep])
+def test_image_folder_root_forms(tree, form):
+    assert our_view(form(tree)) == torchvision_view(form(tree))
+
+
+def test_image_folder_expands_user(tree, monkeypatch):
+    monkeypatch.setenv("HOME", str(tree.parent))
+    ours = our_view("~/root")
+    assert ours == torchvision_view("~/root")
+    assert ours[0][0][0].startswith(str(tree))
+
+
+def test_extensions_are_torchvisions():
+    assert IMG_EXTENSIONS == folder.IMG_EXTENSIONS
+
+
+def raised(fn, root):
+    with pytest.raises(FileNotFoundError) as info:
+        fn(root)
+    return str(info.value)
+
+
+def test_empty_class_raises_like_torchvision(tmp_path):
+    touch(tmp_path / "good" / "a.jpg")
+    touch(tmp_path / "empty1" / "notes.txt")
+    (tmp_path / "empty0").mkdir()
+    message = raised(image_folder, tmp_path)
+    assert message == raised(folder.ImageFolder, tmp_path)
+    assert "empty0, empty1" in message
+
+
+def test_no_class_folder_raises_like_torchvision(tmp_path):
+    touch(tmp_path / "a.jpg")
+    message = raised(image_folder, tmp_path)
+    assert message == raised(folder.ImageFolder, tmp_path)
+    assert "class folder" in message
+
+
+def test_missing_root_raises(tmp_path):
+    with pytest.raises(FileNotFoundError):
+        image_folder(tmp_path / "nope")
+
+
+def test_hymenoptera_matches_torchvision():
+    if not HYMENOPTERA.is_dir():
+        pytest.skip(f"hymenoptera data not present at {HYMENOPTERA}")
+    samples, classes, class_to_idx = ours = our_view(HYMENOPTERA)
+    assert ours == torchvision_view(HYMENOPTERA)
+    assert classes == ["ants", "bees"]
+    assert class_to_idx == {"ants": 0, "bees": 1}
+    assert {label for _, label in samples} == {0, 1}
+    assert len(samples) > 100
+
+
+def test_sample_is_frozen():
+    s = Sample("a.jpg", 1)
+    with pytest.raises(AttributeError):
+        s.label = 2  # type: ignore[misc]
+    assert s == Sample("a.jpg", 1) and hash(s) == hash(Sample("a.jpg", 1))
+
+
+def test_as_samples_from_folder(tree):
+    assert as_samples(tree) == image_folder(tree)[0]
+    assert as_samples(str(tree)) == image_folder(tree)[0]
+
+
+def test_as_samples_from_pairs():
+    torch = pytest.importorskip("torch")
+    given = [("a.jpg", 0), (Path("b/c.png"), np.int64(3)), ["d.jpg", torch.tensor(2)],
+             Sample("e.jpg", 1), Sample(Path("f.jpg"), np.int32(5))]  # type: ignore[arg-type]
+    got = as_samples(given)
+    assert got == [Sample("a.jpg", 0), Sample(os.path.join("b", "c.png"), 3), Sample("d.jpg", 2),
+                   Sample("e.jpg", 1), Sample("f.jpg", 5)]
+    assert all(type(s.path) is str and type(s.label) is int for s in got)
+    assert as_samples(iter(given[:2])) == got[:2]
+    assert as_samples(tuple(given[:1])) == got[:1]
+    assert as_samples([]) == []
+
+
+def test_as_samples_missing_path(tmp_path):
+    missing = tmp_path / "missing"
+    with pytest.raises(FileNotFoundError, match="missing"):
+        as_samples(missing)
+
+
+def test_as_samples_file_path(tmp_path):
+    f = tmp_path / "file.jpg"
+    touch(f)
+    with pytest.raises(NotADirectoryError) as info:
+        as_samples(str(f))
+    assert str(f) in str(info.value)
+
+
+@pytest.mark.parametrize("bad, named", [
+    (42, "int"), (None, "NoneType"), (3.5, "float"), (b"/tmp", "bytes"),
+    ({"a.jpg": 0}, "dict"),
+])
+def test_as_samples_rejects_other_types(bad, named):
+    with pytest.raises(TypeError, match=named):
+        as_samples(bad)
+
+
+@pytest.mark.parametrize("items, match", [
+    ([("a.jpg", 0), ("b.jpg",)], "sample 1"),
+    ([("a.jpg", 0, 1)], "3 items"),
+    (["a.jpg"], "sample 0"),
+    ([("a.jpg", 1.5)], "label"),
+    ([("a.jpg", "3")], "label"),
+    ([(7, 1)], "path"),
+    ([(b"a.jpg", 1)], "path"),
+    ([Sample("a.jpg", 0.5)], "label"),  # type: ignore[arg-type]
+    ([None], "sample 0"),
+])
+def test_as_samples_rejects_bad_items(items, match):
+    with pytest.raises(TypeError, match=match):
+        as_samples(items)
