@@ -136,7 +136,12 @@ class _ResizedCrop:
         torchvision does for uint8 tensors).
         """
         sizes = _check_images(images)
-        boxes = self.params(sizes, generator).tolist()
+        return self._resize(images, self.params(sizes, generator), None, memory_format)
+
+    def _resize(self, images: Sequence[Tensor], boxes: Tensor, mirrored: list[bool] | None,
+                memory_format: torch.memory_format) -> Tensor:
+        """Crop image i to ``boxes[i]``, resize it, mirror it when ``mirrored[i]``."""
+        boxes = boxes.tolist()
         out = torch.empty((len(images), 3, self.size, self.size), dtype=torch.float32,
                           device=images[0].device, memory_format=memory_format)
         # On the CPU, uint8 input takes PyTorch's vectorised uint8 kernel (about 3x the
@@ -145,8 +150,10 @@ class _ResizedCrop:
         uint8 = self.uint8_resize if self.uint8_resize is not None else images[0].device.type == "cpu"
         for i, (image, (top, left, height, width)) in enumerate(zip(images, boxes)):
             crop = image[:, top:top + height, left:left + width].unsqueeze(0)
-            out[i] = F.interpolate(crop if uint8 else crop.float(), size=(self.size, self.size),
-                                   mode="bilinear", align_corners=False, antialias=self.antialias)[0]
+            resized = F.interpolate(crop if uint8 else crop.float(), size=(self.size, self.size),
+                                    mode="bilinear", align_corners=False, antialias=self.antialias)[0]
+            # Mirroring the small resized image is exact and cheaper than the batch later.
+            out[i] = resized.flip(-1) if mirrored is not None and mirrored[i] else resized
         return out
 
 
@@ -313,6 +320,7 @@ class DeviceTransform:
         self.dtype = dtype
         self.memory_format = torch.channels_last if channels_last else torch.contiguous_format
         self.generator = torch.Generator()
+        self._stats: dict[str, tuple[Tensor, Tensor]] = {}
         self.set_epoch(0)
 
     def set_epoch(self, epoch: int) -> None:
@@ -327,16 +335,25 @@ class DeviceTransform:
         above. Raises ValueError for an empty list or (naming the index) an image of the
         wrong dtype, shape or device, TypeError for a non-tensor.
         """
-        x = self.crop(images, self.generator, memory_format=self.memory_format)
-        # Scalar per-channel ops: no mean/std tensors to copy to the device each batch.
-        for c in range(3):
-            x[:, c].div_(255).sub_(self.mean[c]).div_(self.std[c])
+        sizes = _check_images(images)
+        boxes = self.crop.params(sizes, self.generator)
+        mirrored = None
         if self.flip:
             # Drawn after the crop boxes, from the same generator, on the CPU.
-            mirrored = torch.rand(len(images), generator=self.generator) < 0.5
-            index = mirrored.nonzero().squeeze(1).to(x.device)
-            x[index] = x[index].flip(-1)
+            mirrored = (torch.rand(len(images), generator=self.generator) < 0.5).tolist()
+        x = self.crop._resize(images, boxes, mirrored, self.memory_format)
+        mean, std = self._statistics(x.device)
+        # Three whole-batch ops, element for element the arithmetic (x / 255 - mean) / std.
+        x.div_(255).sub_(mean).div_(std)
         return x.to(dtype=self.dtype, memory_format=self.memory_format)
+
+    def _statistics(self, device: torch.device) -> tuple[Tensor, Tensor]:
+        """(1, 3, 1, 1) float32 mean and std on ``device``, made once per device."""
+        key = str(device)
+        if key not in self._stats:
+            self._stats[key] = tuple(torch.tensor(v, dtype=torch.float32).view(1, 3, 1, 1).to(device)
+                                     for v in (self.mean, self.std))
+        return self._stats[key]
 
 
 def train_transform(size: int = 224, **kw) -> DeviceTransform:
