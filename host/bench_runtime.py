@@ -3,10 +3,11 @@
 - ``bench host``: the host's CPU cost per image of the whole runtime path (reading,
   pre-screen, dispatch, completion, batching, copy) with the decoder replaced by the
   *instant device* instrument (:mod:`dlbooster.instant`), so nothing but host work is
-  timed. Batches go to PyTorch's ``meta`` device: the copy is issued like a GPU copy but
-  moves no bytes, as an accelerator's DMA would cost the host nothing. Host cost is the
-  process CPU time over the timed epochs, less what the instrument spends playing the
-  device, divided by the images.
+  timed. Batches stay on the CPU as per-image views of the batch buffer, and the
+  transform, which a GPU system runs on the GPU, is replaced by ``len`` (the views are
+  made, nothing is computed on them); the copy to a GPU would be one asynchronous call
+  per batch. Host cost is the process CPU time over the timed epochs, less what the
+  instrument spends playing the device, divided by the images.
 - ``bench loader``: images/s of ``dlbooster.Loader`` with the ``cpu`` backend and the
   device-side train transform versus torchvision ``ImageFolder`` +
   ``DataLoader(num_workers=2)`` with the equivalent transform, same files, same run, in
@@ -55,7 +56,7 @@ def bench_host(files: list[tuple[str, bytes]], *, batch_size: int = 64, epochs: 
             continue
         learned.append((path, len(learned)))
     loader = Loader(learned, batch_size, backend=InstantBackend(transport), shuffle=True,
-                    device="meta", cpu_workers=cpu_workers, slot_pixels=1024 * 1024)
+                    device="cpu", transform=len, cpu_workers=cpu_workers, slot_pixels=1024 * 1024)
     rows = []
     try:
         for epoch in range(epochs + 1):       # epoch 0 warms up (page cache, first-use costs)

@@ -231,8 +231,8 @@ class Loader:
                         sample = self.samples[index]
                         buf.labels[slot] = sample.label
                         buf.indices[slot] = index
-                    for slot, index in enumerate(chunk):
-                        self.service.submit(Task(index, self.samples[index].path, buf, slot, pending.done))
+                    self.service.submit_many([Task(index, self.samples[index].path, buf, slot, pending.done)
+                                              for slot, index in enumerate(chunk)])
             except BaseException as exc:  # surfaces in the iterating thread
                 failure.append(exc)
                 with cond:

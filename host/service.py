@@ -3,11 +3,14 @@
 One :class:`DecodeService` serves a loader. Each submitted :class:`Task` names an input
 (a path) and a destination slot of a :class:`~dlbooster.pool.BatchBuffer`; the service
 
-1. reads and pre-screens the input on a CPU worker (:func:`dlbooster.jpeg.parse`,
-   :func:`~dlbooster.jpeg.host_prescreen`): inputs a device cannot or must not take go
-   straight to the CPU path without costing device time;
-2. queues the rest, bounded, to a dispatcher thread per device, which keeps the
-   device's job FIFO full (jobs in flight up to ``job_depth + lanes``), writes each
+1. with a device backend, hands each device's share of a batch (bounded queue) to the
+   device's dispatcher thread, which reads and pre-screens each input
+   (:func:`dlbooster.jpeg.parse` of the headers, :func:`~dlbooster.jpeg.host_prescreen`,
+   the verdict kept per file across epochs): inputs a device cannot or must not take go
+   straight to the CPU pool without costing device time; with a CPU backend, each
+   input goes to the CPU pool;
+2. the dispatcher keeps the device's job FIFO full (jobs in flight up to
+   ``job_depth + lanes``), writes each
    decoded image straight into its slot (the slot's device address is the job's output
    buffer when the pool's memory is the transport's), and collects completions out of
    order by job id;
@@ -111,8 +114,10 @@ _STOP = object()
 
 
 class _Dispatcher(threading.Thread):
-    """Drives one :class:`~dlbooster.device.DecoderDevice`: submits queued tasks while the
-    job FIFO has room, waits on completions, routes declined jobs to the CPU pool."""
+    """Drives one :class:`~dlbooster.device.DecoderDevice`. Takes lists of tasks (a
+    batch's share) from its queue, reads and pre-screens each input itself (no thread
+    hand-off per image), submits jobs while the job FIFO has room, waits on
+    completions and routes declined jobs to the CPU pool."""
 
     def __init__(self, service: DecodeService, number: int, device, depth: int):
         super().__init__(name=f"dlbooster-device{number}", daemon=True)
@@ -120,10 +125,11 @@ class _Dispatcher(threading.Thread):
         self.queue: queue.Queue = queue.Queue(maxsize=depth)
         self.limit = device.job_depth + device.lanes
         self.staging: list = []               # free input staging buffers (transport memory)
-        self.inflight: dict[int, tuple] = {}  # job id -> (task, data, info, src, dst)
+        self.inflight: dict[int, tuple] = {}  # job id -> (task, data, src, dst)
         self.next_id = 0
         self.stopping = False
-        self.backlog: collections.deque = collections.deque()   # taken, not yet accepted
+        self.pending: collections.deque = collections.deque()   # tasks taken, not yet read
+        self.backlog: collections.deque = collections.deque()   # read, not yet accepted
         self.clocks0 = self._clocks()
 
     def _clocks(self) -> int | None:
@@ -147,31 +153,47 @@ class _Dispatcher(threading.Thread):
             detail = f"{type(exc).__name__}: {exc}"
             log.error("device %d out of service: %s", self.number, detail)
             self._abandon(detail)
+            for task, data, _, _ in self.backlog:
+                self.service._to_cpu(task, data, "device-fault", detail)
+            self.backlog.clear()
+            while self.pending:
+                self.service._to_cpu(self.pending.popleft(), None, "device-fault", detail)
             if not self.stopping:
                 self._drain_to_cpu(detail)
 
+    def _next(self):
+        """The next (task, data, width, height) to submit, or None when nothing is ready."""
+        while True:
+            if self.backlog:
+                return self.backlog.popleft()
+            if not self.pending:
+                if self.stopping:
+                    return None
+                try:
+                    got = self.queue.get(block=not self.inflight)
+                except queue.Empty:
+                    return None
+                if got is _STOP:
+                    self.stopping = True
+                    return None
+                self.pending.extend(got)
+                continue
+            item = self.service._screen(self.pending.popleft())
+            if item is not None:
+                return item
+
     def _loop(self) -> None:
-        self.stopping = False
-        while not (self.stopping and not self.inflight and not self.backlog):
+        from .device import DeviceError
+
+        while not (self.stopping and not self.inflight and not self.backlog and not self.pending):
             while len(self.inflight) < self.limit:
-                if self.backlog:
-                    item = self.backlog.popleft()
-                elif self.stopping:
+                item = self._next()
+                if item is None:
                     break
-                else:
-                    try:
-                        item = self.queue.get(block=not self.inflight)
-                    except queue.Empty:
-                        break
-                    if item is _STOP:
-                        self.stopping = True
-                        continue
                 if not self._submit(*item):
                     self.backlog.appendleft(item)      # job FIFO full: retry after a completion
                     break
             if self.inflight:
-                from .device import DeviceError
-
                 try:
                     completions = self.device.wait()
                 except DeviceError as exc:
@@ -182,13 +204,12 @@ class _Dispatcher(threading.Thread):
                 for done in completions:
                     self._complete(done)
 
-    def _submit(self, task: Task, data: bytes, info: jpeg.JpegInfo) -> bool:
+    def _submit(self, task: Task, data: bytes, width: int, height: int) -> bool:
         service = self.service
         src = self._staging(len(data))
         src.array[: len(data)] = np.frombuffer(data, np.uint8)
         src.sync_to_device()
-        frame = info.frame
-        need = 3 * frame.width * frame.height if frame is not None and frame.width <= self.device.max_width else 0
+        need = 3 * width * height if width <= self.device.max_width else 0
         buf = task.buffer
         dst = None
         out_addr = buf.slot_address(task.slot)
@@ -196,7 +217,7 @@ class _Dispatcher(threading.Thread):
         if out_addr is None or need > cap:
             # The slot is not device memory, or the image is larger than a slot.
             dst = self.device.transport.allocate(max(need, self.device.bus_bytes))
-            out_addr, cap = dst.device_address, max(need, 0)
+            out_addr, cap = dst.device_address, need
         job = self.next_id
         if not self.device.submit(job, src.device_address, len(data), out_addr, cap):
             self.staging.append(src)
@@ -204,7 +225,7 @@ class _Dispatcher(threading.Thread):
                 dst.free()
             return False
         self.next_id = (self.next_id + 1) & 0xFFFFFFFF
-        self.inflight[job] = (task, data, info, src, dst)
+        self.inflight[job] = (task, data, src, dst)
         with service._lock:
             service.stats.jobs += 1
         return True
@@ -213,7 +234,7 @@ class _Dispatcher(threading.Thread):
         entry = self.inflight.pop(done.job_id, None)
         if entry is None:
             return
-        task, data, info, src, dst = entry
+        task, data, src, dst = entry
         self.staging.append(src)
         service = self.service
         extra = {"cycles": done.clocks, "symbols": done.symbols, "lane": done.lane}
@@ -222,8 +243,7 @@ class _Dispatcher(threading.Thread):
         if done.status:
             if dst is not None:
                 dst.free()
-            declined = FallbackError(done.reason, f"device status 0x{done.status:02x}")
-            service._cpu_pool.submit(service._fallback, task, data, info, declined, extra)
+            service._to_cpu(task, data, done.reason, f"device status 0x{done.status:02x}", extra)
             return
         buf = task.buffer
         buf.sizes[task.slot] = (done.height, done.width)
@@ -236,30 +256,24 @@ class _Dispatcher(threading.Thread):
 
     def _abandon(self, detail: str) -> None:
         """A device fault: reset the device (so it cannot write into buffers about to be
-        reused), then decode everything it held on the CPU."""
+        reused), then decode the jobs it held on the CPU."""
         held = list(self.inflight.values())
         self.inflight.clear()
         try:
             self.device.reset()
         except Exception as exc:  # the device may be gone entirely
             log.error("device %d reset failed: %s", self.number, exc)
-        for task, data, info, src, dst in held:
+        for task, data, src, dst in held:
             self.staging.append(src)
             if dst is not None:
                 dst.free()
-            declined = FallbackError("device-fault", detail)
-            self.service._cpu_pool.submit(self.service._fallback, task, data, info, declined, {})
-        while self.backlog:
-            task, data, info = self.backlog.popleft()
-            declined = FallbackError("device-fault", detail)
-            self.service._cpu_pool.submit(self.service._fallback, task, data, info, declined, {})
+            self.service._to_cpu(task, data, "device-fault", detail)
 
     def _drain_to_cpu(self, detail: str) -> None:
         """A dead device's queue: everything still sent to it goes to the CPU, until close."""
-        while (item := self.queue.get()) is not _STOP:
-            task, data, info = item
-            declined = FallbackError("device-fault", detail)
-            self.service._cpu_pool.submit(self.service._fallback, task, data, info, declined, {})
+        while (tasks := self.queue.get()) is not _STOP:
+            for task in tasks:
+                self.service._to_cpu(task, None, "device-fault", detail)
 
     def close(self) -> None:
         self.queue.put(_STOP)
@@ -301,7 +315,7 @@ class DecodeService:
         self._dispatchers = [_Dispatcher(self, n, d, device_queue) for n, d in enumerate(devices)]
         for d in self._dispatchers:
             d.start()
-        self._rr = 0
+        self._screens: dict[str, tuple] = {}   # path -> ((size, mtime), reason, width, height)
         self._closed = False
         self.started = time.perf_counter()
 
@@ -319,12 +333,32 @@ class DecodeService:
         return self._dispatchers[0].device.transport.allocate
 
     def submit(self, task: Task) -> None:
-        """Queue a task (never blocks for long: reading happens on the CPU pool)."""
+        """Queue one task (see :meth:`submit_many`)."""
+        self.submit_many([task])
+
+    def submit_many(self, tasks: list[Task]) -> None:
+        """Queue tasks, e.g. a batch. With devices, the list is split across them and each
+        dispatcher reads its share (blocks while the devices' queues are full: this is
+        the back-pressure); otherwise each task goes to the CPU pool.
+
+        Raises:
+            RuntimeError: the service is closed.
+        """
         if self._closed:
             raise RuntimeError("the decode service is closed")
         with self._idle:
-            self._outstanding += 1
-        self._cpu_pool.submit(self._prepare, task)
+            self._outstanding += len(tasks)
+        if not self._dispatchers:
+            for task in tasks:
+                self._cpu_pool.submit(self._prepare, task)
+            return
+        n = len(self._dispatchers)
+        for k, d in enumerate(self._dispatchers):
+            share = tasks[k::n]
+            if share:
+                d.queue.put(share)
+                with self._lock:
+                    self.stats.device_queue_peak = max(self.stats.device_queue_peak, d.queue.qsize())
 
     def queue_depths(self) -> dict[str, int]:
         """Tasks waiting now: on the CPU pool and per device."""
@@ -333,28 +367,61 @@ class DecodeService:
             depths[f"device{d.number}"] = d.queue.qsize()
         return depths
 
-    def _prepare(self, task: Task) -> None:
+    def _read(self, task: Task) -> tuple[bytes, os.stat_result]:
+        """The input's bytes and status.
+
+        Raises:
+            DecodeError: unreadable (reason ``unreadable``) or empty (``undecodable``).
+        """
         try:
-            try:
-                with open(task.path, "rb") as f:
-                    data = f.read()
-            except OSError as exc:
-                raise DecodeError("unreadable", f"{type(exc).__name__}: {exc.strerror}", task.path) from exc
-            if not data:
-                raise DecodeError("undecodable", "empty file", task.path)
-            if self._dispatchers:
+            with open(task.path, "rb") as f:
+                st = os.fstat(f.fileno())
+                data = f.read()
+        except OSError as exc:
+            raise DecodeError("unreadable", f"{type(exc).__name__}: {exc.strerror}", task.path) from exc
+        if not data:
+            raise DecodeError("undecodable", "empty file", task.path)
+        return data, st
+
+    def _screen(self, task: Task):
+        """On a dispatcher: read and pre-screen one input. Returns ``(task, data, width,
+        height)`` for the device, or None when the task went to the CPU or ended.
+
+        The pre-screen's verdict is kept per file (keyed by size and modification time),
+        so later epochs skip the header parse.
+        """
+        try:
+            data, st = self._read(task)
+            key = (st.st_size, st.st_mtime_ns)
+            cached = self._screens.get(task.path)
+            if cached is None or cached[0] != key:
                 # The device checks the entropy-coded data itself: headers suffice here.
                 info = jpeg.parse(data, headers_only=True)
-                reason = jpeg.host_prescreen(info, max_width=self.max_width)
-                if reason is None:
-                    d = self._dispatchers[self._rr % len(self._dispatchers)]
-                    self._rr += 1
-                    d.queue.put((task, data, info))
-                    with self._lock:
-                        self.stats.device_queue_peak = max(self.stats.device_queue_peak, d.queue.qsize())
-                    return
-                self._fallback(task, data, info, FallbackError(reason, "host pre-screen"), {})
-                return
+                frame = info.frame
+                cached = (key, jpeg.host_prescreen(info, max_width=self.max_width),
+                          frame.width if frame else 0, frame.height if frame else 0)
+                self._screens[task.path] = cached
+            _, reason, width, height = cached
+            if reason is not None:
+                self._to_cpu(task, data, reason, "host pre-screen")
+                return None
+            return task, data, width, height
+        except DecodeError as exc:
+            self._finish(task, Outcome(task.index, task.path, "error", None, exc.reason, exc.detail))
+        except Exception as exc:  # never lose a task to an unexpected fault
+            log.exception("pre-screen of %s failed", task.path)
+            self._finish(task, Outcome(task.index, task.path, "error", None, "internal",
+                                       f"{type(exc).__name__}: {exc}"))
+        return None
+
+    def _to_cpu(self, task: Task, data: bytes | None, reason: str, detail: str, extra: dict | None = None) -> None:
+        """Send a task the device path gave up on to the CPU pool (``data`` None: not read yet)."""
+        self._cpu_pool.submit(self._fallback, task, data, None, FallbackError(reason, detail), extra or {})
+
+    def _prepare(self, task: Task) -> None:
+        """On a CPU worker: read, parse and decode one input with a non-device backend."""
+        try:
+            data, _ = self._read(task)
             self._decode_here(task, data, jpeg.parse(data))
         except DecodeError as exc:
             self._finish(task, Outcome(task.index, task.path, "error", None, exc.reason, exc.detail))
@@ -378,10 +445,13 @@ class DecodeService:
         self._place(task, image)
         self._finish(task, Outcome(task.index, task.path, "ok", backend.name))
 
-    def _fallback(self, task: Task, data: bytes, info, declined: FallbackError, extra: dict) -> None:
-        """The CPU path for an input the requested backend declined."""
+    def _fallback(self, task: Task, data: bytes | None, info, declined: FallbackError, extra: dict) -> None:
+        """The CPU path for an input the requested backend declined (``data`` None: read
+        it here; ``info`` None or headers-only: parse it here)."""
         try:
-            if info.headers_only:
+            if data is None:
+                data, _ = self._read(task)
+            if info is None or info.headers_only:
                 info = jpeg.parse(data)
             self._place(task, self.cpu.decode_into(data, info, task.buffer.data[task.slot]))
         except DecodeError as exc:
