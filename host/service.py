@@ -98,7 +98,7 @@ class ServiceStats:
         lane_clocks: (device, lane) -> device clocks spent on jobs.
         device_clocks: device -> clocks the device ran (simulated devices only).
         jobs: jobs sent to devices.
-        device_queue_peak: most tasks waiting for a device at once.
+        device_queue_peak: most batch shares waiting for a device at once.
         oversize: images larger than their slot.
     """
 
@@ -290,16 +290,18 @@ class DecodeService:
         backend: a backend name (:data:`dlbooster.backends.BACKENDS`) or instance. A
             backend with a ``device`` attribute (``sim``; the boards) is driven through
             its :class:`~dlbooster.device.DecoderDevice`; others decode on the CPU workers.
-        cpu_workers: threads of the CPU pool (reading, pre-screen, CPU decodes);
+        cpu_workers: threads of the CPU pool (CPU decodes and fallbacks; with a CPU
+            backend also reading and parsing);
             default: the process's CPU count.
-        device_queue: tasks waiting per device before submitters block (back-pressure).
+        device_queue: batch shares (task lists) waiting per device before submitters
+            block (back-pressure).
         backend_options: passed to :func:`~dlbooster.backends.get_backend` with a name.
 
     The first ``sim`` use builds the simulated device (minutes; cached).
     """
 
     def __init__(self, backend: Any = "auto", *, cpu_workers: int | None = None,
-                 device_queue: int = 64, **backend_options: Any):
+                 device_queue: int = 4, **backend_options: Any):
         self.backend = get_backend(backend, **backend_options) if isinstance(backend, str) else backend
         self.backend_name = self.backend.name
         self.cpu = self.backend if isinstance(self.backend, CpuBackend) else CpuBackend()
