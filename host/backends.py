@@ -19,6 +19,7 @@ import hashlib
 import io
 import logging
 import os
+import stat
 import warnings
 from dataclasses import dataclass, field
 from typing import Any
@@ -327,6 +328,9 @@ def _read(source: str | os.PathLike | bytes | bytearray | memoryview) -> tuple[b
         return bytes(source), "<bytes>"
     path = os.fspath(source)
     try:
+        # A FIFO would block open() and /dev/zero would fill memory: regular files only.
+        if not stat.S_ISREG(os.stat(path).st_mode):
+            raise DecodeError("unreadable", "not a regular file", path)
         with open(path, "rb") as f:
             return f.read(), path
     except OSError as exc:

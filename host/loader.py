@@ -186,6 +186,7 @@ class Loader:
         self.report = EpochReport(self.sampler.epoch)
         self._stats: LoaderStats | None = None
         self._end_iteration: Callable | None = None
+        self._closed = False
 
     def __len__(self) -> int:
         """Batches per epoch for this rank."""
@@ -204,11 +205,13 @@ class Loader:
         return self.service.backend_name
 
     def __iter__(self):
+        if self._closed:
+            raise RuntimeError("the loader is closed")
         indices = list(self.sampler)
         if self.drop_last:
             indices = indices[: len(indices) // self.batch_size * self.batch_size]
         chunks = [indices[i:i + self.batch_size] for i in range(0, len(indices), self.batch_size)]
-        self.report = EpochReport(self.sampler.epoch, positions=len(indices))
+        report = self.report = EpochReport(self.sampler.epoch, positions=len(indices))
         ready: dict[int, _Pending] = {}
         cond = threading.Condition()
         stop = threading.Event()
@@ -224,6 +227,8 @@ class Loader:
                 for number, chunk in enumerate(chunks):
                     buf = self.pool.acquire(stop=stop)
                     if buf is None:
+                        if not stop.is_set():         # the pool closed under us
+                            raise RuntimeError("the loader was closed during the epoch")
                         return
                     buf.count = len(chunk)
                     pending = _Pending(number, buf, len(chunk), on_ready)
@@ -246,15 +251,14 @@ class Loader:
             let the submitted ones finish, give every buffer back. Runs once."""
             if cleaned:
                 return
-            cleaned.append(True)
             stop.set()
             producer.join()
             self.service.drain()
             with cond:
-                for pending in ready.values():
-                    self.pool.release(pending.buffer)
-                ready.clear()
+                while ready:                  # one at a time: an interrupt loses none
+                    self.pool.release(ready.popitem()[1].buffer)
                 failure.append(RuntimeError("this iteration of the loader was ended by a newer one"))
+            cleaned.append(True)
 
         # Like a DataLoader, a new iteration may start while an old one is suspended: the
         # old one ends (its buffers would otherwise starve the new one).
@@ -281,7 +285,7 @@ class Loader:
                     if failure:
                         raise failure[0]
                     pending = ready.pop(number)
-                batch = self._finish(pending)
+                batch = self._finish(pending, report)
                 images += len(batch[1])
                 if bar is not None:
                     bar.update(1)
@@ -292,27 +296,39 @@ class Loader:
             cleanup()
             if bar is not None:
                 bar.close()
-            stats = self.service.stats
-            counts = stats.outcomes - outcomes0
-            self._stats = LoaderStats(
-                images=images, seconds=wall, images_per_s=images / wall if wall else 0.0,
-                host_cores=cpu / wall if wall else 0.0, lane_busy={}, queue_peak=dict(queue_peak),
-                outcomes={f"{s}:{r}" if r else s: n for (s, r), n in sorted(
-                    counts.items(), key=lambda kv: (kv[0][0], kv[0][1] or ""))},
-                oversize=stats.oversize - oversize0)
+            if self._end_iteration is cleanup:    # else superseded: the newer one reports
+                self._end_iteration = None
+                self._record_stats(images, wall, cpu, queue_peak, outcomes0, oversize0)
 
-    def _finish(self, pending: _Pending) -> Batch:
+    def _record_stats(self, images, wall, cpu, queue_peak, outcomes0, oversize0) -> None:
+        stats = self.service.stats
+        counts = stats.outcomes - outcomes0
+        self._stats = LoaderStats(
+            images=images, seconds=wall, images_per_s=images / wall if wall else 0.0,
+            host_cores=cpu / wall if wall else 0.0, lane_busy={}, queue_peak=dict(queue_peak),
+            outcomes={f"{s}:{r}" if r else s: n for (s, r), n in sorted(
+                counts.items(), key=lambda kv: (kv[0][0], kv[0][1] or ""))},
+            oversize=stats.oversize - oversize0)
+
+    def _finish(self, pending: _Pending, report: EpochReport) -> Batch:
         """Policy, copy to the device, transform; the buffer goes back to the pool
-        whatever happens (on a GPU its reuse waits for the copy's event)."""
+        whatever happens (on a GPU its reuse waits for the copy's event). The batch's
+        samples enter ``report`` only once it is assembled."""
+        batch_report = EpochReport(report.epoch)
         try:
-            return self._assemble(pending)
+            batch = self._assemble(pending, batch_report)
         finally:
             self.pool.release(pending.buffer)
+        report.delivered += batch_report.delivered
+        report.replaced += batch_report.replaced
+        report.skipped += batch_report.skipped
+        report.fallbacks += batch_report.fallbacks
+        return batch
 
-    def _assemble(self, pending: _Pending) -> Batch:
+    def _assemble(self, pending: _Pending, report: EpochReport) -> Batch:
         import torch
 
-        buf, report = pending.buffer, self.report
+        buf = pending.buffer
         keep: list[int] = []
         replacements: dict[int, np.ndarray] = {}
         unusual: list[Outcome] = []
@@ -331,9 +347,10 @@ class Loader:
                 log.warning("skipping %s", outcome)
                 report.skipped.append(outcome)
                 continue
-            image = np.asarray(self.replace(outcome.index, outcome), dtype=np.uint8)
-            if image.ndim != 3 or image.shape[2] != 3:
-                raise ValueError(f"replace() for {outcome.path} must return (h, w, 3) uint8, not {image.shape}")
+            image = np.asarray(self.replace(outcome.index, outcome))
+            if image.dtype != np.uint8 or image.ndim != 3 or image.shape[2] != 3 or not image.size:
+                raise ValueError(f"replace() for {outcome.path} must return a non-empty (h, w, 3) "
+                                 f"uint8 array, not {image.dtype} {image.shape}")
             replacements[slot] = image
             buf.sizes[slot] = image.shape[:2]
             keep.append(slot)
@@ -342,6 +359,9 @@ class Loader:
         if self._copy_stream is not None and buf.host is not None:
             with torch.cuda.stream(self._copy_stream):
                 staged = buf.host[: buf.count].to(device, non_blocking=True)
+                # Allocated on the copy stream, used on the consumer's: keep its memory
+                # from the next copy until the consumer's work on it is done.
+                staged.record_stream(torch.cuda.current_stream(device))
                 event = torch.cuda.Event()
                 event.record(self._copy_stream)
             torch.cuda.current_stream(device).wait_event(event)
@@ -380,7 +400,8 @@ class Loader:
         return self._stats
 
     def close(self) -> None:
-        """Stop the service and free the pool."""
+        """Stop the service and free the pool; iterating afterwards raises RuntimeError."""
+        self._closed = True
         self.service.close()
         self.pool.close()
 

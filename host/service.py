@@ -30,6 +30,7 @@ import collections
 import logging
 import os
 import queue
+import stat
 import threading
 import time
 from collections.abc import Callable
@@ -130,6 +131,7 @@ class _Dispatcher(threading.Thread):
         self.stopping = False
         self.pending: collections.deque = collections.deque()   # tasks taken, not yet read
         self.backlog: collections.deque = collections.deque()   # read, not yet accepted
+        self.current: tuple | None = None     # (task, data) being submitted or completed
         self.clocks0 = self._clocks()
 
     def _clocks(self) -> int | None:
@@ -143,7 +145,7 @@ class _Dispatcher(threading.Thread):
             if buf.size >= size:
                 return self.staging.pop(i)
         if self.staging:
-            self.staging.pop().free()         # grow: the smallest spare goes
+            self.staging.pop().free()         # grow: one spare (too small) goes
         return t.allocate(max(size, word, 1 << 16), writable=False)
 
     def run(self) -> None:
@@ -153,6 +155,10 @@ class _Dispatcher(threading.Thread):
             detail = f"{type(exc).__name__}: {exc}"
             log.error("device %d out of service: %s", self.number, detail)
             self._abandon(detail)
+            if self.current is not None:          # the job in hand when the fault struck
+                task, data = self.current
+                self.current = None
+                self.service._to_cpu(task, data, "device-fault", detail)
             for task, data, _, _ in self.backlog:
                 self.service._to_cpu(task, data, "device-fault", detail)
             self.backlog.clear()
@@ -185,14 +191,24 @@ class _Dispatcher(threading.Thread):
     def _loop(self) -> None:
         from .device import DeviceError
 
+        refused = 0                           # submissions refused while nothing was in flight
         while not (self.stopping and not self.inflight and not self.backlog and not self.pending):
             while len(self.inflight) < self.limit:
                 item = self._next()
                 if item is None:
                     break
-                if not self._submit(*item):
+                self.current = item[:2]
+                submitted = self._submit(*item)
+                self.current = None
+                if not submitted:
                     self.backlog.appendleft(item)      # job FIFO full: retry after a completion
+                    if not self.inflight:
+                        refused += 1
+                        if refused > 1000:
+                            raise DeviceError("the job FIFO stays full with no job in flight")
+                        time.sleep(0.001)
                     break
+                refused = 0
             if self.inflight:
                 try:
                     completions = self.device.wait()
@@ -235,6 +251,7 @@ class _Dispatcher(threading.Thread):
         if entry is None:
             return
         task, data, src, dst = entry
+        self.current = (task, data)
         self.staging.append(src)
         service = self.service
         extra = {"cycles": done.clocks, "symbols": done.symbols, "lane": done.lane}
@@ -243,6 +260,7 @@ class _Dispatcher(threading.Thread):
         if done.status:
             if dst is not None:
                 dst.free()
+            self.current = None
             service._to_cpu(task, data, done.reason, f"device status 0x{done.status:02x}", extra)
             return
         buf = task.buffer
@@ -252,6 +270,7 @@ class _Dispatcher(threading.Thread):
             image = dst.array[: 3 * done.width * done.height].reshape(done.height, done.width, 3)
             service._place(task, image.copy())
             dst.free()
+        self.current = None
         service._finish(task, Outcome(task.index, task.path, "ok", service.backend_name, extra=extra))
 
     def _abandon(self, detail: str) -> None:
@@ -346,9 +365,9 @@ class DecodeService:
         Raises:
             RuntimeError: the service is closed.
         """
-        if self._closed:
-            raise RuntimeError("the decode service is closed")
         with self._idle:
+            if self._closed:
+                raise RuntimeError("the decode service is closed")
             self._outstanding += len(tasks)
         if not self._dispatchers:
             for task in tasks:
@@ -376,6 +395,9 @@ class DecodeService:
             DecodeError: unreadable (reason ``unreadable``) or empty (``undecodable``).
         """
         try:
+            # A FIFO would block open() and /dev/zero would fill memory: regular files only.
+            if not stat.S_ISREG(os.stat(task.path).st_mode):
+                raise DecodeError("unreadable", "not a regular file", task.path)
             with open(task.path, "rb") as f:
                 st = os.fstat(f.fileno())
                 data = f.read()
@@ -486,6 +508,8 @@ class DecodeService:
             self.stats.outcomes[outcome.status, outcome.reason] += 1
         try:
             task.done(task, outcome)
+        except Exception:  # the task has its outcome; a consumer's fault must not re-report it
+            log.exception("done callback of %s failed", task.path)
         finally:
             with self._idle:
                 self._outstanding -= 1
@@ -505,9 +529,10 @@ class DecodeService:
     def close(self) -> None:
         """Finish submitted work (every task gets its outcome), then stop the dispatchers
         and the CPU pool."""
-        if self._closed:
-            return
-        self._closed = True
+        with self._idle:
+            if self._closed:
+                return
+            self._closed = True
         self.drain()
         for d in self._dispatchers:
             d.close()

@@ -644,3 +644,83 @@ def test_a_new_iteration_ends_a_suspended_one(tiny_source):
         with pytest.raises(RuntimeError, match="ended by a newer one"):
             next(first)
         assert loader.pool.free == loader.pool.depth
+
+
+# ---------------------------------------------------------------------------------
+# 8. Faults of the runtime itself (found in review)
+
+
+@needs_verilator
+def test_sim_dispatcher_death_loses_nothing(sim, sim_source, monkeypatch):
+    """Device memory runs out (the transport's allocate raises): the dispatcher dies with
+    a job in hand; that job and every later one are decoded on the CPU."""
+    with _sim_loader(sim_source, sim) as loader:
+        def exhausted(size, writable=True):
+            raise MemoryError("device memory exhausted")
+
+        monkeypatch.setattr(sim.device.transport, "allocate", exhausted)
+        batches = drain(loader)
+        assert check_batches(loader, batches) == list(range(8))
+        fallbacks = [o for b in batches for o in b.outcomes if o.status == "fallback"]
+        assert sorted(o.index for o in fallbacks) == list(range(8))
+        assert {o.reason for o in fallbacks} == {"device-fault"}
+        assert loader.report.accounted == loader.report.positions == 9
+        assert loader.service._outstanding == 0
+
+
+def test_closed_loader_raises(tiny_source):
+    loader = make_loader(tiny_source, 2, backend="cpu", slot_pixels=32 * 32)
+    it = iter(loader)
+    next(it)
+    loader.close()
+    with pytest.raises(RuntimeError, match="closed"):
+        list(it)
+    with pytest.raises(RuntimeError, match="loader is closed"):
+        list(loader)
+
+
+def test_a_raising_done_callback_is_called_once(tiny_source):
+    from dlbooster.pool import BatchPool
+    from dlbooster.service import DecodeService, Task
+
+    calls = []
+
+    def done(task, outcome):
+        calls.append((task.index, outcome.status))
+        raise ValueError("consumer bug")
+
+    pool = BatchPool(3, 3 * 32 * 32, 1)
+    buf = pool.acquire()
+    with DecodeService("cpu", cpu_workers=2) as service:
+        service.submit_many([Task(i, tiny_source[i][0], buf, i, done) for i in range(3)])
+        service.drain()
+        assert sorted(calls) == [(0, "ok"), (1, "ok"), (2, "ok")]
+        assert service._outstanding == 0
+
+
+def test_special_files_are_unreadable_not_read(tmp_path):
+    good = write(tmp_path / "c" / "good.jpg", gen(16, 16))
+    (tmp_path / "c" / "zero.jpg").symlink_to("/dev/zero")
+    fifo = tmp_path / "c" / "fifo.jpg"
+    __import__("os").mkfifo(fifo)
+    with make_loader(str(tmp_path), 4, backend="cpu") as loader:
+        start = time.perf_counter()
+        (batch,) = drain(loader)
+        assert time.perf_counter() - start < 10
+        assert [loader.samples[i].path for i in batch.indices.tolist()] == [str(good)]
+        assert sorted((o.path.rsplit("/", 1)[1], o.reason, o.detail) for o in loader.report.skipped) == [
+            ("fifo.jpg", "unreadable", "not a regular file"), ("zero.jpg", "unreadable", "not a regular file")]
+
+
+def test_replace_returning_junk_names_the_input_and_counts_nothing(bad_dir):
+    source = [(str(p), 0) for p in sorted(bad_dir.values())] if isinstance(bad_dir, dict) else bad_dir
+    for junk in (np.full((4, 4, 3), 300.7), None, np.zeros((0, 0, 3), np.uint8)):
+        with make_loader(source, 64, backend="cpu", on_error="replace",
+                         replace=lambda index, outcome, junk=junk: junk) as loader:
+            with pytest.raises((ValueError, TypeError)) as err:
+                drain(loader)
+            if isinstance(err.value, ValueError):
+                assert "replace() for " in str(err.value)
+            # The failed batch was not delivered: nothing of it is counted.
+            assert loader.report.delivered == loader.report.replaced == 0
+            assert loader.pool.free == loader.pool.depth
