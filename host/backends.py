@@ -185,21 +185,34 @@ class SimBackend:
     declines the input with the hardware's reason (:func:`dlbooster.hw.regs.device_reason`).
 
     Args:
-        lanes: decoder lanes of the simulated device.
+        lanes: decoder lanes of each simulated device.
         max_width: its line-buffer width, pixels.
+        devices: simulated devices (each its own simulation and memory; the runtime's
+            :class:`~dlbooster.service.DecodeService` drives them all at once,
+            :meth:`decode_many` uses the first).
 
     The first use builds the device (minutes; cached).
     """
 
     name = "sim"
 
-    def __init__(self, lanes: int = 1, max_width: int = jpeg.DEFAULT_MAX_WIDTH):
+    def __init__(self, lanes: int = 1, max_width: int = jpeg.DEFAULT_MAX_WIDTH, devices: int = 1):
         from .device import DecoderDevice
         from .sim.device import SimTransport
 
+        if devices < 1:
+            raise ValueError(f"devices must be at least 1, not {devices}")
         self.lanes, self.max_width = lanes, max_width
-        self.device = DecoderDevice(SimTransport(lanes=lanes, max_width=max_width))
-        self.device.start()
+        self.devices = [DecoderDevice(SimTransport(lanes=lanes, max_width=max_width)) for _ in range(devices)]
+        for device in self.devices:
+            device.start()
+        self.device = self.devices[0]
+
+    def close(self) -> None:
+        """End the simulations and free their memory."""
+        for device in self.devices:
+            device.transport.close()
+        self.devices.clear()
 
     def decode(self, data: bytes, info: jpeg.JpegInfo | None = None) -> np.ndarray:
         """Decode one file on the device.

@@ -402,8 +402,9 @@ class Loader:
     def close(self) -> None:
         """Stop the service and free the pool; iterating afterwards raises RuntimeError."""
         self._closed = True
-        self.service.close()
-        self.pool.close()
+        self.service.close(backend=False)
+        self.pool.close()                     # its memory may be the devices'
+        self.service.close_backend()
 
     def __enter__(self):
         return self

@@ -321,7 +321,8 @@ class DecodeService:
 
     def __init__(self, backend: Any = "auto", *, cpu_workers: int | None = None,
                  device_queue: int = 4, **backend_options: Any):
-        self.backend = get_backend(backend, **backend_options) if isinstance(backend, str) else backend
+        self._owns_backend = isinstance(backend, str)
+        self.backend = get_backend(backend, **backend_options) if self._owns_backend else backend
         self.backend_name = self.backend.name
         self.cpu = self.backend if isinstance(self.backend, CpuBackend) else CpuBackend()
         self.max_width = getattr(self.backend, "max_width", jpeg.DEFAULT_MAX_WIDTH)
@@ -526,9 +527,9 @@ class DecodeService:
                 busy[f"device{dev}.lane{lane}"] = clocks / total
         return busy
 
-    def close(self) -> None:
+    def close(self, backend: bool = True) -> None:
         """Finish submitted work (every task gets its outcome), then stop the dispatchers
-        and the CPU pool."""
+        and the CPU pool, and with ``backend`` :meth:`close_backend`."""
         with self._idle:
             if self._closed:
                 return
@@ -537,6 +538,14 @@ class DecodeService:
         for d in self._dispatchers:
             d.close()
         self._cpu_pool.shutdown(wait=True)
+        if backend:
+            self.close_backend()
+
+    def close_backend(self) -> None:
+        """End a backend this service made by name (its simulated devices); one passed in
+        is the caller's to close."""
+        if self._owns_backend and hasattr(self.backend, "close"):
+            self.backend.close()
 
     def drain(self) -> None:
         """Block until every submitted task has had its ``done`` call."""

@@ -724,3 +724,24 @@ def test_replace_returning_junk_names_the_input_and_counts_nothing(bad_dir):
             # The failed batch was not delivered: nothing of it is counted.
             assert loader.report.delivered == loader.report.replaced == 0
             assert loader.pool.free == loader.pool.depth
+
+
+@needs_verilator
+def test_sim_two_devices_at_once(sim_source):
+    """Two simulated devices (each its own simulation, run from its own dispatcher thread
+    at the same time): every image equal to Pillow's, both devices busy."""
+    from dlbooster.backends import SimBackend
+
+    backend = SimBackend(lanes=1, max_width=256, devices=2)
+    try:
+        with _sim_loader(sim_source, backend) as loader:
+            assert loader.service.lanes == 2
+            batches = drain(loader)
+            assert check_batches(loader, batches) == list(range(8))
+            busy = loader.stats().lane_busy
+            assert set(busy) == {"device0.lane0", "device1.lane0"}
+            assert all(0 < v <= 1 for v in busy.values())
+            reasons = sorted((o.index, o.reason) for b in batches for o in b.outcomes)
+            assert reasons == [(7, "progressive"), (8, "unreadable")]
+    finally:
+        backend.close()

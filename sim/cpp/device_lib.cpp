@@ -59,6 +59,8 @@ struct Chance {
 };
 
 struct Sim {
+    // Its own context: several simulated devices may run at once, one per thread.
+    VerilatedContext *ctx;
     Vdlbooster_decoder *top;
     uint8_t *mem;
     std::vector<uint8_t> perm;   // per page: 0 none, 1 read, 3 read-write
@@ -164,10 +166,12 @@ extern "C" {
 
 void *dlb_open() {
     auto *s = new Sim;
-    s->top = new Vdlbooster_decoder;
+    s->ctx = new VerilatedContext;
+    s->top = new Vdlbooster_decoder{s->ctx};
     void *m = mmap(nullptr, MEM_BYTES, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
     if (m == MAP_FAILED) {
         delete s->top;
+        delete s->ctx;
         delete s;
         return nullptr;
     }
@@ -187,6 +191,7 @@ void dlb_close(void *h) {
     auto *s = (Sim *)h;
     s->top->final();
     delete s->top;
+    delete s->ctx;
     munmap(s->mem, MEM_BYTES);
     delete s;
 }
