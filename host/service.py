@@ -431,13 +431,19 @@ class DecodeService:
                 self._to_cpu(task, data, reason, "host pre-screen")
                 return None
             return task, data, width, height
-        except DecodeError as exc:
-            self._finish(task, Outcome(task.index, task.path, "error", None, exc.reason, exc.detail))
-        except Exception as exc:  # never lose a task to an unexpected fault
-            log.exception("pre-screen of %s failed", task.path)
-            self._finish(task, Outcome(task.index, task.path, "error", None, "internal",
-                                       f"{type(exc).__name__}: {exc}"))
+        except Exception as exc:  # never lose a task to a fault
+            self._error(task, exc, "pre-screen")
         return None
+
+    def _error(self, task: Task, exc: Exception, stage: str, extra: dict | None = None) -> None:
+        """End a task with an ``error`` outcome: a DecodeError's reason, else ``internal``
+        (an unexpected fault, logged with its traceback)."""
+        if isinstance(exc, DecodeError):
+            reason, detail = exc.reason, exc.detail
+        else:
+            log.error("%s of %s failed", stage, task.path, exc_info=exc)
+            reason, detail = "internal", f"{type(exc).__name__}: {exc}"
+        self._finish(task, Outcome(task.index, task.path, "error", None, reason, detail, extra or {}))
 
     def _to_cpu(self, task: Task, data: bytes | None, reason: str, detail: str, extra: dict | None = None) -> None:
         """Send a task the device path gave up on to the CPU pool (``data`` None: not read yet)."""
@@ -448,12 +454,8 @@ class DecodeService:
         try:
             data, _ = self._read(task)
             self._decode_here(task, data, jpeg.parse(data))
-        except DecodeError as exc:
-            self._finish(task, Outcome(task.index, task.path, "error", None, exc.reason, exc.detail))
-        except Exception as exc:  # never lose a task to an unexpected fault
-            log.exception("decode of %s failed", task.path)
-            self._finish(task, Outcome(task.index, task.path, "error", None, "internal",
-                                       f"{type(exc).__name__}: {exc}"))
+        except Exception as exc:  # never lose a task to a fault
+            self._error(task, exc, "decode")
 
     def _decode_here(self, task: Task, data: bytes, info: jpeg.JpegInfo) -> None:
         """A non-device backend (cpu, model) on this CPU worker."""
@@ -479,13 +481,8 @@ class DecodeService:
             if info is None or info.headers_only:
                 info = jpeg.parse(data)
             self._place(task, self.cpu.decode_into(data, info, task.buffer.data[task.slot]))
-        except DecodeError as exc:
-            self._finish(task, Outcome(task.index, task.path, "error", None, exc.reason, exc.detail, extra))
-            return
         except Exception as exc:
-            log.exception("CPU decode of %s failed", task.path)
-            self._finish(task, Outcome(task.index, task.path, "error", None, "internal",
-                                       f"{type(exc).__name__}: {exc}", extra))
+            self._error(task, exc, "CPU decode", extra)
             return
         self._finish(task, Outcome(task.index, task.path, "fallback", self.cpu.name,
                                    declined.reason, declined.detail, extra))
