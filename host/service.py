@@ -339,7 +339,6 @@ class DecodeService:
             d.start()
         self._screens: dict[str, tuple] = {}   # path -> ((size, mtime), reason, width, height)
         self._closed = False
-        self.started = time.perf_counter()
 
     @property
     def lanes(self) -> int:
