@@ -72,13 +72,6 @@ class BatchBuffer:
             return None
         return self.device_address + slot * self.slot_bytes
 
-    def image(self, slot: int) -> np.ndarray:
-        """The (h, w, 3) uint8 image of a filled slot (a view, or the oversize array)."""
-        if slot in self.oversize:
-            return self.oversize[slot]
-        h, w = (int(v) for v in self.sizes[slot])
-        return self.data[slot, : h * w * 3].reshape(h, w, 3)
-
     def clear(self) -> None:
         self.count = 0
         self.oversize.clear()
