@@ -1,0 +1,197 @@
+"""SplitBackward: gradients equal to plain autograd's, alone and under DDP (2 gloo ranks)."""
+
+from __future__ import annotations
+
+import copy
+import json
+
+import pytest
+
+torch = pytest.importorskip("torch")
+torchvision = pytest.importorskip("torchvision")
+
+from torch import nn  # noqa: E402
+from torch.nn import functional as F  # noqa: E402
+
+from dlbooster.schedule import SplitBackward, split_layers  # noqa: E402
+from dlbooster.trace import Trace  # noqa: E402
+
+
+def _grads(model):
+    return {n: None if p.grad is None else p.grad.clone() for n, p in model.named_parameters()}
+
+
+def _step(model, x, y, seed=1):
+    torch.manual_seed(seed)                      # the same dropout masks in both runs
+    F.cross_entropy(model(x), y).backward()
+
+
+def _compare(model, x, y, *, autocast=False, **options):
+    reference = copy.deepcopy(model)
+    split = copy.deepcopy(model)
+    scheduler = SplitBackward(split, **options)
+    for m in (reference, split):
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
+            _step(m, x, y)
+    a, b = _grads(reference), _grads(split)
+    assert a.keys() == b.keys()
+    for name in a:
+        assert (a[name] is None) == (b[name] is None), name
+        if a[name] is not None:
+            assert torch.equal(a[name], b[name]), f"{name}: max diff {(a[name] - b[name]).abs().max()}"
+    return scheduler
+
+
+@pytest.mark.parametrize("name", ["resnet18", "resnet50", "densenet121", "googlenet"])
+def test_torchvision_models_bitwise(name):
+    torch.manual_seed(0)
+    extra = {"aux_logits": False, "init_weights": True} if name == "googlenet" else {}
+    model = torchvision.models.__dict__[name](num_classes=5, **extra)
+    x, y = torch.randn(2, 3, 64, 64), torch.tensor([1, 4])
+    scheduler = _compare(model, x, y)
+    n_split = sum(isinstance(m, (nn.Conv2d, nn.Linear)) for m in model.modules())
+    assert len(scheduler.layers) == n_split
+    # Autograd's dependency order: the classifier first, the stem convolution last.
+    assert scheduler.backward_order[0] in ("fc", "classifier")
+    assert scheduler.backward_order[-1] in ("conv1", "features.conv0", "conv1.conv")
+    assert len(scheduler.backward_order) == n_split
+
+
+def test_autocast_bf16_bitwise():
+    torch.manual_seed(0)
+    _compare(torchvision.models.resnet18(num_classes=3), torch.randn(2, 3, 32, 32),
+             torch.tensor([0, 2]), autocast=True)
+
+
+class _Shared(nn.Module):
+    """One convolution and one linear layer each used twice, a frozen layer, a
+    bias-free convolution, a Conv1d, batch norm and a branch that is summed back."""
+
+    def __init__(self):
+        super().__init__()
+        self.stem = nn.Conv2d(3, 8, 3, padding=1, bias=False)
+        self.frozen = nn.Conv2d(8, 8, 1)
+        self.frozen.requires_grad_(False)
+        self.shared = nn.Conv2d(8, 8, 3, padding=1)
+        self.bn = nn.BatchNorm2d(8)
+        self.seq = nn.Conv1d(8, 8, 3, stride=2, padding=1)
+        self.head = nn.Linear(8, 8)
+        self.out = nn.Linear(8, 4)
+
+    def forward(self, x):
+        x = F.relu(self.bn(self.stem(x)))
+        x = self.frozen(x)
+        x = self.shared(F.relu(self.shared(x))) + x
+        x = self.seq(x.flatten(2)).mean(2)
+        return self.out(self.head(F.relu(self.head(x))))
+
+
+def test_shared_frozen_and_branches():
+    torch.manual_seed(0)
+    model = _Shared()
+    scheduler = _compare(model, torch.randn(3, 3, 12, 12), torch.tensor([0, 3, 1]))
+    assert model.frozen.weight.grad is None
+    assert {n for n, _ in split_layers(model)} == {"stem", "frozen", "shared", "seq", "head", "out"}
+    # Shared layers run their backward once per use.
+    assert scheduler.backward_order.count("shared") == 2
+    assert scheduler.backward_order.count("head") == 2
+
+
+def test_unsplit_layers_keep_autograd():
+    model = nn.Sequential(nn.Conv2d(3, 4, 3, padding="same"), nn.Conv2d(4, 4, 3, padding=1, padding_mode="reflect"),
+                          nn.Conv2d(4, 4, 3, padding=1), nn.Flatten(), nn.LazyLinear(2))
+    model(torch.randn(1, 3, 6, 6))
+    assert [n for n, _ in split_layers(model)] == ["2", "4"]
+    _compare(model, torch.randn(2, 3, 6, 6), torch.tensor([0, 1]))
+
+
+def test_trace_and_remove():
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Conv2d(3, 4, 3), nn.ReLU(), nn.Flatten(), nn.Linear(4 * 4 * 4, 2))
+    trace = Trace()
+    scheduler = SplitBackward(model, trace=trace)
+    _step(model, torch.randn(2, 3, 6, 6), torch.tensor([0, 1]))
+    spans = [e for e in trace.to_json()["traceEvents"] if e["ph"] == "X"]
+    names = [e["name"] for e in spans]
+    # Input gradient first, then the weight gradient, layer by layer from the top; the
+    # first layer's input needs no gradient, so it has no input-gradient task.
+    assert names == ["input-grad 3", "weight-grad 3", "weight-grad 0"]
+    assert all(e["dur"] >= 0 for e in spans)
+    scheduler.remove()
+    assert "forward" not in model[0].__dict__
+    model.zero_grad()
+    _step(model, torch.randn(2, 3, 6, 6), torch.tensor([0, 1]))
+    assert len([e for e in trace.events if e["ph"] == "X"]) == 3     # nothing new recorded
+
+
+def _ddp_worker(rank: int, world: int, store: str, out: str, bucket_mb: float) -> None:
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=world)
+    torch.manual_seed(0)
+    base = torchvision.models.resnet18(num_classes=4)
+    if rank == 1:                                # SplitBackward must broadcast rank 0's weights
+        with torch.no_grad():
+            for p in base.parameters():
+                p.add_(1.0)
+    ddp = DDP(copy.deepcopy(base))
+    split = copy.deepcopy(base)
+    scheduler = SplitBackward(split, bucket_mb=bucket_mb)
+    gen = torch.Generator().manual_seed(100 + rank)
+    result = {"equal": [], "buckets": 0}
+    for _ in range(3):                           # iteration 1 plans the buckets, 2-3 use them
+        x = torch.randn(2, 3, 32, 32, generator=gen)
+        y = torch.randint(0, 4, (2,), generator=gen)
+        for m in (ddp, split):
+            m.zero_grad(set_to_none=True)
+            F.cross_entropy(m(x), y).backward()
+        same = all(torch.equal(a.grad, b.grad) for a, b in zip(ddp.module.parameters(), split.parameters()))
+        result["equal"].append(same)
+        with torch.no_grad():                    # the same SGD step on both
+            for a, b in zip(ddp.module.parameters(), split.parameters()):
+                a.sub_(0.1 * a.grad)
+                b.sub_(0.1 * b.grad)
+    result["buckets"] = len(scheduler._reducer.buckets)
+    result["buffers_equal"] = all(torch.equal(a, b) for a, b in zip(ddp.module.buffers(), split.buffers()))
+    with open(out, "w") as f:
+        json.dump(result, f)
+    dist.destroy_process_group()
+
+
+def test_ddp_two_gloo_processes(tmp_path):
+    import torch.multiprocessing as mp
+
+    outs = [str(tmp_path / f"rank{r}.json") for r in range(2)]
+    store = str(tmp_path / "store")
+    ctx = mp.get_context("spawn")
+    procs = [ctx.Process(target=_ddp_worker, args=(r, 2, store, outs[r], 2.0)) for r in range(2)]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(300)
+        assert p.exitcode == 0
+    for out in outs:
+        with open(out) as f:
+            result = json.load(f)
+        assert result["equal"] == [True, True, True]
+        assert result["buckets"] > 1             # several buckets, launched during backward
+        assert result["buffers_equal"]
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_cuda_streams_match_autograd():
+    torch.manual_seed(0)
+    model = torchvision.models.resnet18(num_classes=5).cuda()
+    x, y = torch.randn(4, 3, 64, 64, device="cuda"), torch.tensor([1, 4, 0, 2], device="cuda")
+    reference, split = copy.deepcopy(model), copy.deepcopy(model)
+    trace = Trace()
+    SplitBackward(split, streams=2, trace=trace)
+    for m in (reference, split):
+        _step(m, x, y)
+    for (name, a), b in zip(reference.named_parameters(), split.parameters()):
+        torch.testing.assert_close(a.grad, b.grad, rtol=1e-5, atol=1e-6, msg=name)
+    streams = {e["tid"] for e in trace.events if e.get("cat") == "cuda"}
+    assert len(streams) == 2
+
