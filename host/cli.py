@@ -10,7 +10,11 @@ Commands:
   lane's cocotb testbench; for each one that fails, the first stage that leaves the
   reference model and a waveform (FST) of its run (:mod:`dlbooster.sim.lane_debug`);
   exit 1 when any file failed.
-- ``dlbooster demo``: the main job on a machine with no board and no dataset.
+- ``dlbooster train [DATA] ...``: the main job: training fed by the decoder
+  (:mod:`dlbooster.train`); with no DATA, on crops of the real photographs scikit-image
+  ships, decoded by the simulated device.
+- ``dlbooster demo``: every packaged photograph through the reference model, checked
+  against Pillow.
 """
 
 from __future__ import annotations
@@ -201,6 +205,51 @@ def _cmd_demo(args: argparse.Namespace) -> int:
         return _cmd_decode(ns)
 
 
+def _cmd_train(args: argparse.Namespace) -> int:
+    from .train import TrainConfig, format_epoch, summary_json, train
+
+    if args.data is None:   # the packaged-photograph run: small crops, a few quick epochs
+        args.epochs = args.epochs if args.epochs is not None or args.steps is not None else 6
+        args.image_size = args.image_size or 112
+        args.lr = args.lr if args.lr is not None else 0.05
+    elif args.epochs is None and args.steps is None:
+        args.epochs = 1
+    args.image_size = args.image_size or 224
+    backend = args.backend or ("sim" if args.data is None else "auto")
+    config = TrainConfig(data=args.data, backend=backend, lanes=args.lanes, max_width=args.max_width,
+                         devices=args.devices, model=args.model, epochs=args.epochs, steps=args.steps,
+                         batch_size=args.batch_size, lr=args.lr, momentum=args.momentum,
+                         weight_decay=args.weight_decay, label_smoothing=args.label_smoothing,
+                         warmup_epochs=args.warmup_epochs, image_size=args.image_size, backward=args.backward,
+                         streams=args.streams, device=args.device, seed=args.seed, workers=args.workers,
+                         trace=args.trace, checkpoint=args.checkpoint, checkpoint_every=args.checkpoint_every,
+                         resume=args.resume, progress=not args.json)
+    quiet = args.json or int(os.environ.get("RANK", "0")) != 0
+    if not quiet:
+        where = args.data or "crops of the real photographs scikit-image ships (one class per photograph)"
+        print(f"training {args.model} on {where}; decode backend {backend}"
+              + (f" ({args.lanes} lane(s), {args.max_width}-pixel line buffers)" if backend == "sim" else "")
+              + f", backward {args.backward}", file=sys.stderr)
+    try:
+        summary = train(config, on_epoch=None if quiet else lambda r: print(format_epoch(r), flush=True))
+    except (ValueError, FileNotFoundError) as exc:
+        print(f"dlbooster train: {exc}", file=sys.stderr)
+        return 2
+    if int(os.environ.get("RANK", "0")) != 0:
+        return 0
+    if args.json:
+        print(summary_json(summary))
+    else:
+        top1 = "-" if summary["val_top1"] is None else f"{100 * summary['val_top1']:.1f}%"
+        print(f"{summary['steps']} steps, {summary['images']} images, {summary['images_per_s']:.1f} images/s, "
+              f"loss {summary['loss_first']:.4f} -> {summary['loss_last']:.4f}, val top-1 {top1}, "
+              f"host cores {summary['host_cores']:.2f}, world size {summary['world_size']}")
+        print(f"decode outcomes: {summary['outcomes']} ({summary['fallbacks']} CPU fallbacks)")
+        if summary["trace"]:
+            print(f"trace: {summary['trace']} (open in https://ui.perfetto.dev)")
+    return 0
+
+
 def _parser() -> argparse.ArgumentParser:
     from .backends import BACKENDS
     from .jpeg import DEFAULT_MAX_WIDTH
@@ -248,6 +297,41 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--valid", type=int, default=100, help="percent of clocks the input offers a beat")
     p.add_argument("--ready", type=int, default=100, help="percent of clocks the output is ready")
     p.set_defaults(func=_cmd_debug_lane)
+
+    p = sub.add_parser("train", help="the main job: train a torchvision model fed by the decoder",
+                       description="Train a torchvision classifier on an ImageFolder (train/ and val/ "
+                                   "sub-folders, or every fifth file per class held out), its images "
+                                   "decoded by the chosen backend. With no DATA: crops of the real "
+                                   "photographs scikit-image ships, on the simulated decoder.")
+    p.add_argument("data", nargs="?", metavar="DATA")
+    p.add_argument("--backend", choices=BACKENDS,
+                   help="decode backend (default: sim without DATA, else auto)")
+    p.add_argument("--lanes", type=int, default=1, help="simulated device lanes (sim)")
+    p.add_argument("--devices", type=int, default=1, help="simulated devices per rank (sim)")
+    p.add_argument("--max-width", type=int, default=256, help="simulated device line buffers, pixels (sim)")
+    p.add_argument("--model", default="resnet18", help="torchvision model name")
+    p.add_argument("--epochs", type=int, help="epochs (default: 6 without DATA, else 1)")
+    p.add_argument("--steps", type=int, help="stop after this many optimiser steps")
+    p.add_argument("--batch-size", type=int, default=32, help="images per step per rank")
+    p.add_argument("--lr", type=float, help="peak learning rate (default 0.1 x global batch / 256; "
+                                            "0.05 without DATA)")
+    p.add_argument("--momentum", type=float, default=0.9)
+    p.add_argument("--weight-decay", type=float, default=1e-4)
+    p.add_argument("--label-smoothing", type=float, default=0.0)
+    p.add_argument("--warmup-epochs", type=float, default=0.0)
+    p.add_argument("--image-size", type=int, help="crop size, pixels (default 224; 112 without DATA)")
+    p.add_argument("--backward", choices=("autograd", "split"), default="autograd",
+                   help="plain autograd, or input/weight-gradient split scheduling")
+    p.add_argument("--streams", type=int, default=2, help="side CUDA streams for --backward split")
+    p.add_argument("--device", help="cpu or cuda (default: cuda when present)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--workers", type=int, help="CPU decode threads per rank")
+    p.add_argument("--trace", metavar="FILE", help="write a Chrome-trace JSON (Perfetto)")
+    p.add_argument("--checkpoint", metavar="FILE", help="save after every epoch")
+    p.add_argument("--checkpoint-every", type=int, default=0, metavar="STEPS", help="also save every STEPS steps")
+    p.add_argument("--resume", action="store_true", help="continue from --checkpoint when it exists")
+    p.add_argument("--json", action="store_true", help="print the run's summary as JSON")
+    p.set_defaults(func=_cmd_train)
 
     p = sub.add_parser("demo", help="decode real photographs through the model, checked "
                                     "against Pillow")

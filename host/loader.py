@@ -153,6 +153,8 @@ class Loader:
         cpu_workers: CPU decode threads (default: all cores).
         progress: a progress bar (tqdm) on rank 0.
         backend_options: for a backend name, e.g. ``{"lanes": 4}`` for ``sim``.
+        trace: a :class:`dlbooster.trace.Trace` recording device jobs per lane, CPU
+            decodes, and each batch's assembly and copy.
 
     Raises:
         ValueError: bad policy or sizes; TypeError/FileNotFoundError: bad source.
@@ -163,7 +165,7 @@ class Loader:
                  world_size: int | None = None, device: Any = "cpu", transform: Callable | None = None,
                  on_error: str = "skip", replace: Callable | None = None, slot_pixels: int = 512 * 512,
                  prefetch: int = 2, cpu_workers: int | None = None, progress: bool = False,
-                 backend_options: dict | None = None):
+                 backend_options: dict | None = None, trace=None):
         import torch
 
         if batch_size < 1:
@@ -180,6 +182,7 @@ class Loader:
         self.transform, self.on_error, self.replace = transform, on_error, replace
         self.progress = progress and self.sampler.rank == 0
         self.service = DecodeService(backend, cpu_workers=cpu_workers, **(backend_options or {}))
+        self.trace = self.service.trace = trace
         self.pool = BatchPool(batch_size, 3 * slot_pixels, prefetch + 1, allocate=self.service.allocator(),
                               pin=self.device.type == "cuda")
         self._copy_stream = torch.cuda.Stream(self.device) if self.device.type == "cuda" else None
@@ -316,7 +319,12 @@ class Loader:
         samples enter ``report`` only once it is assembled."""
         batch_report = EpochReport(report.epoch)
         try:
-            batch = self._assemble(pending, batch_report)
+            if self.trace is None:
+                batch = self._assemble(pending, batch_report)
+            else:
+                with self.trace.span(f"batch {pending.number}", "batch", thread="loader",
+                                     args={"images": pending.count}):
+                    batch = self._assemble(pending, batch_report)
         finally:
             self.pool.release(pending.buffer)
         report.delivered += batch_report.delivered
@@ -356,6 +364,7 @@ class Loader:
             keep.append(slot)
             report.replaced += 1
         device = self.device
+        start = time.perf_counter()
         if self._copy_stream is not None and buf.host is not None:
             with torch.cuda.stream(self._copy_stream):
                 staged = buf.host[: buf.count].to(device, non_blocking=True)
@@ -370,6 +379,10 @@ class Loader:
             staged = buf.host[: buf.count] if buf.host is not None else torch.from_numpy(buf.data[: buf.count])
             if device.type != "cpu":
                 staged = staged.to(device)
+        if self.trace is not None and device.type != "cpu":
+            # On CUDA the span is the copy's enqueue; the copy itself runs on the side stream.
+            self.trace.complete(f"copy batch {pending.number}", "copy", start, time.perf_counter(),
+                                thread="loader")
         views = []
         for slot in keep:
             if slot in replacements or slot in buf.oversize:

@@ -27,6 +27,7 @@ input's path. Bad input never raises out of the service.
 from __future__ import annotations
 
 import collections
+import contextlib
 import logging
 import os
 import queue
@@ -132,6 +133,8 @@ class _Dispatcher(threading.Thread):
         self.pending: collections.deque = collections.deque()   # tasks taken, not yet read
         self.backlog: collections.deque = collections.deque()   # read, not yet accepted
         self.current: tuple | None = None     # (task, data) being submitted or completed
+        self.started: dict[int, float] = {}   # job id -> submission time (when tracing)
+        self.lane_free: dict[int, float] = {} # lane -> its last completion time (when tracing)
         self.clocks0 = self._clocks()
 
     def _clocks(self) -> int | None:
@@ -242,6 +245,8 @@ class _Dispatcher(threading.Thread):
             return False
         self.next_id = (self.next_id + 1) & 0xFFFFFFFF
         self.inflight[job] = (task, data, src, dst)
+        if service.trace is not None:
+            self.started[job] = time.perf_counter()
         with service._lock:
             service.stats.jobs += 1
         return True
@@ -257,6 +262,14 @@ class _Dispatcher(threading.Thread):
         extra = {"cycles": done.clocks, "symbols": done.symbols, "lane": done.lane}
         with service._lock:
             service.stats.lane_clocks[self.number, done.lane] += done.clocks
+        if service.trace is not None:
+            # Host-observed: a lane takes its next job no earlier than its last completion.
+            now = time.perf_counter()
+            start = max(self.started.pop(done.job_id, now), self.lane_free.get(done.lane, 0.0))
+            self.lane_free[done.lane] = now
+            service.trace.complete(os.path.basename(task.path), "decode", start, now,
+                                   process=f"decoder device {self.number}", thread=f"lane {done.lane}",
+                                   args={"cycles": done.clocks, "status": done.status, "path": task.path})
         if done.status:
             if dst is not None:
                 dst.free()
@@ -339,6 +352,8 @@ class DecodeService:
             d.start()
         self._screens: dict[str, tuple] = {}   # path -> ((size, mtime), reason, width, height)
         self._closed = False
+        #: a :class:`dlbooster.trace.Trace` for device jobs (per lane) and CPU decodes, or None
+        self.trace = None
 
     @property
     def lanes(self) -> int:
@@ -448,8 +463,18 @@ class DecodeService:
         """Send a task the device path gave up on to the CPU pool (``data`` None: not read yet)."""
         self._cpu_pool.submit(self._fallback, task, data, None, FallbackError(reason, detail), extra or {})
 
+    def _cpu_span(self, task: Task, kind: str):
+        if self.trace is None:
+            return contextlib.nullcontext()
+        return self.trace.span(os.path.basename(task.path), kind, process="cpu decode pool",
+                               args={"path": task.path})
+
     def _prepare(self, task: Task) -> None:
         """On a CPU worker: read, parse and decode one input with a non-device backend."""
+        with self._cpu_span(task, "decode"):
+            self._prepare_here(task)
+
+    def _prepare_here(self, task: Task) -> None:
         try:
             data, _ = self._read(task)
             self._decode_here(task, data, jpeg.parse(data))
@@ -474,6 +499,10 @@ class DecodeService:
     def _fallback(self, task: Task, data: bytes | None, info, declined: FallbackError, extra: dict) -> None:
         """The CPU path for an input the requested backend declined (``data`` None: read
         it here; ``info`` None or headers-only: parse it here)."""
+        with self._cpu_span(task, "fallback"):
+            self._fallback_here(task, data, info, declined, extra)
+
+    def _fallback_here(self, task: Task, data: bytes | None, info, declined: FallbackError, extra: dict) -> None:
         try:
             if data is None:
                 data, _ = self._read(task)

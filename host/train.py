@@ -1,0 +1,462 @@
+"""The main job: image-classification training fed by the decoder (``dlbooster train``).
+
+A torchvision model trained with SGD (momentum, weight decay, linear-scaling learning
+rate, optional warm-up, cosine decay; the usual ImageNet recipe of Goyal et al., 2017)
+on batches from :class:`dlbooster.Loader`, whose decode backend is the simulated (or
+real) FPGA decoder, with the backward pass either plain autograd or
+:class:`dlbooster.schedule.SplitBackward`.
+
+- Data: an ImageFolder root with ``train/`` and ``val/`` sub-folders (the hymenoptera
+  layout), or one ImageFolder whose every fifth file per class (in sorted order) is held
+  out for validation; with no data, :func:`photo_dataset` builds one from the real
+  photographs that scikit-image ships (class = photograph; samples = crops of it).
+- Distributed: under ``torchrun`` each rank has its own loader (its own simulated
+  device lanes) and its shard; gradients are averaged by ``DistributedDataParallel``
+  (``backward="autograd"``) or by SplitBackward's bucketed all-reduce (``"split"``);
+  gloo on the CPU, NCCL on CUDA.
+- Checkpoints hold the model, optimiser, learning-rate schedule, epoch, position in the
+  epoch (the sampler's start) and the transform's random state, so a resumed run
+  continues exactly where the interrupted one stopped.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import os
+import random
+import shutil
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+__all__ = ["TrainConfig", "format_epoch", "photo_dataset", "summary_json", "train"]
+
+log = logging.getLogger(__name__)
+
+#: Validation share when DATA has no ``val/`` folder: every ``_VAL_EVERY``-th file per class.
+_VAL_EVERY = 5
+
+
+@dataclass
+class TrainConfig:
+    """Settings of :func:`train` (the ``dlbooster train`` options).
+
+    Attributes:
+        data: ImageFolder root (see the module docstring); None: the packaged photographs.
+        backend: decode backend (``sim``, ``cpu``, ``model``, ``auto``, ...).
+        lanes, max_width, devices: the simulated device's build (``sim`` only).
+        model: a torchvision classification model name (``resnet18``, ``resnet50``, ...).
+        epochs, steps: stop after this many epochs, or optimiser steps (whichever first;
+            ``steps`` alone runs as many epochs as it needs).
+        batch_size: images per step per rank.
+        lr: peak learning rate (None: ``0.1 * batch_size * world_size / 256``).
+        momentum, weight_decay, label_smoothing, warmup_epochs: SGD recipe knobs.
+        image_size: training crop (random-resized-crop), validation centre crop, pixels.
+        backward: ``autograd`` or ``split`` (:class:`~dlbooster.schedule.SplitBackward`).
+        streams: side CUDA streams for ``split``.
+        device: ``cpu``, ``cuda`` or None (CUDA when present).
+        seed: model initialisation, shuffling and augmentation.
+        workers: CPU decode threads per rank (None: all cores).
+        trace: Chrome-trace JSON file to write (rank r > 0 writes ``NAME.rank{r}.json``).
+        checkpoint: file saved after every epoch (and every ``checkpoint_every`` steps).
+        resume: continue from ``checkpoint`` when it exists.
+        progress: a progress bar per epoch on rank 0.
+    """
+
+    data: str | None = None
+    backend: str = "sim"
+    lanes: int = 1
+    max_width: int = 256
+    devices: int = 1
+    model: str = "resnet18"
+    epochs: int | None = None
+    steps: int | None = None
+    batch_size: int = 32
+    lr: float | None = None
+    momentum: float = 0.9
+    weight_decay: float = 1e-4
+    label_smoothing: float = 0.0
+    warmup_epochs: float = 0.0
+    image_size: int = 224
+    backward: str = "autograd"
+    streams: int = 2
+    device: str | None = None
+    seed: int = 0
+    workers: int | None = None
+    trace: str | None = None
+    checkpoint: str | None = None
+    checkpoint_every: int = 0
+    resume: bool = False
+    progress: bool = False
+
+
+def photo_dataset(out_dir: str | os.PathLike, *, crops: int = 8, val_crops: int = 2,
+                  size: tuple[int, int] = (96, 240), seed: int = 0) -> Path:
+    """An ImageFolder (``train/``, ``val/``) of crops of the real photographs that
+    scikit-image ships, one class per photograph, encoded as JPEG with Pillow in the
+    decoder's formats (4:4:4, 4:2:2, 4:2:0, quality 75-95, restart markers, optimised
+    tables) in turn. Crop sides are drawn from ``size`` (pixels, at most 256 wide, so
+    a 256-pixel device build takes them all).
+
+    Returns:
+        The root folder.
+
+    Raises:
+        FileNotFoundError: no packaged photographs (scikit-image is not installed).
+    """
+    import numpy as np
+    from PIL import Image
+
+    from .samples import load_photo, packaged_photos
+
+    photos = packaged_photos()
+    if not photos:
+        raise FileNotFoundError("no packaged photographs: install scikit-image")
+    rng = random.Random(seed)
+    formats = [{"quality": 95, "subsampling": 0}, {"quality": 90, "subsampling": 1},
+               {"quality": 75, "subsampling": 2}, {"quality": 85, "subsampling": 2, "optimize": True},
+               {"quality": 85, "subsampling": 0, "restart_marker_blocks": 5}]
+    root = Path(out_dir)
+    n = 0
+    for photo in photos:
+        image = load_photo(photo)
+        h, w = image.shape[:2]
+        for k in range(crops + val_crops):
+            ch = min(h, rng.randint(*size))
+            cw = min(w, rng.randint(*size))
+            y, x = rng.randint(0, h - ch), rng.randint(0, w - cw)
+            split = "train" if k < crops else "val"
+            target = root / split / photo.stem / f"{photo.stem}_{k:02d}.jpg"
+            target.parent.mkdir(parents=True, exist_ok=True)
+            Image.fromarray(np.ascontiguousarray(image[y:y + ch, x:x + cw])).save(
+                target, "JPEG", **formats[n % len(formats)])
+            n += 1
+    return root
+
+
+def _split(root: Path):
+    """(train samples, val samples, classes) of an ImageFolder root (module docstring)."""
+    from .sources import image_folder
+
+    if (root / "train").is_dir() and (root / "val").is_dir():
+        train, classes, mapping = image_folder(root / "train")
+        val, val_classes, _ = image_folder(root / "val")
+        if val_classes != classes:
+            raise ValueError(f"{root}: train/ and val/ have different classes")
+        return train, val, classes
+    samples, classes, _ = image_folder(root)
+    train, val, seen = [], [], {}
+    for s in samples:
+        k = seen[s.label] = seen.get(s.label, -1) + 1
+        (val if k % _VAL_EVERY == _VAL_EVERY - 1 else train).append(s)
+    return train, val, classes
+
+
+class _Distributed:
+    """The process group when run under torchrun (WORLD_SIZE > 1), else a single process."""
+
+    def __init__(self, device_type: str):
+        import torch.distributed as dist
+
+        from .sampler import dist_env
+
+        self.rank, self.world = dist_env()
+        self.local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+        self.active = self.world > 1
+        if self.active and not dist.is_initialized():
+            dist.init_process_group("nccl" if device_type == "cuda" else "gloo")
+            self.owned = True
+        else:
+            self.owned = False
+
+    def all_sum(self, values: list[float]) -> list[float]:
+        import torch
+        import torch.distributed as dist
+
+        if not self.active:
+            return values
+        t = torch.tensor(values, dtype=torch.float64)
+        if dist.get_backend() == "nccl":
+            t = t.cuda()
+        dist.all_reduce(t)
+        return t.cpu().tolist()
+
+    def gather(self, obj):
+        import torch.distributed as dist
+
+        if not self.active:
+            return [obj]
+        out = [None] * self.world
+        dist.all_gather_object(out, obj)
+        return out
+
+    def close(self) -> None:
+        import torch.distributed as dist
+
+        if self.owned:
+            dist.destroy_process_group()
+
+
+def _lr_factor(step: int, total: int, warmup: int) -> float:
+    """Linear warm-up over ``warmup`` steps, then cosine decay to 0 at ``total``
+    (Goyal et al. 2017; Loshchilov & Hutter 2017)."""
+    if warmup and step < warmup:
+        return (step + 1) / warmup
+    span = max(total - warmup, 1)
+    return 0.5 * (1 + math.cos(math.pi * min(step - warmup, span) / span))
+
+
+def train(config: TrainConfig, *, on_epoch=None, on_step=None) -> dict:
+    """Run the training job; return its summary (the ``--json`` object).
+
+    ``on_epoch(record)`` is called on rank 0 after each epoch's validation with that
+    epoch's figures; ``on_step(step, loss)`` on every rank after each optimiser step
+    (and after the step's checkpoint).
+
+    Returns:
+        ``steps``, ``images``, ``images_per_s`` (training images over training wall
+        time, all ranks), ``loss_first``, ``loss_last``,
+        ``val_top1`` (fraction, last validation), ``host_cores`` (this process's CPU
+        time over wall time during training), ``backend``, ``backward``, ``epochs``
+        (per-epoch figures), ``outcomes`` (training decode outcomes by status and
+        reason, this rank), ``fallbacks`` (how many of them fell back to the CPU), ``world_size``,
+        ``model``, ``classes``, ``resumed_from`` (step) and ``trace``.
+
+    Raises:
+        ValueError: a bad setting (unknown model, backward or neither epochs nor steps).
+        FileNotFoundError: the data folder is missing or has no classes.
+    """
+    import tempfile
+
+    import torch
+    import torchvision
+    from torch import nn
+
+    from .loader import Loader
+    from .schedule import SplitBackward
+    from .trace import Trace
+    from .transforms import eval_transform, train_transform
+
+    if config.backward not in ("autograd", "split"):
+        raise ValueError(f"backward must be 'autograd' or 'split', not {config.backward!r}")
+    if config.epochs is None and config.steps is None:
+        raise ValueError("give epochs or steps")
+    if config.model not in torchvision.models.list_models(module=torchvision.models):
+        raise ValueError(f"unknown torchvision classification model {config.model!r}")
+    device = torch.device(config.device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    dist = _Distributed(device.type)
+    if device.type == "cuda" and device.index is None:
+        device = torch.device("cuda", dist.local_rank)
+        torch.cuda.set_device(device)
+    tmp = None
+    try:
+        if config.data is None:
+            tmp = tempfile.mkdtemp(prefix="dlbooster-photos-")
+            root = photo_dataset(tmp, seed=config.seed)
+        else:
+            root = Path(config.data)
+            if not root.is_dir():
+                raise FileNotFoundError(f"{root}: no such folder")
+        train_samples, val_samples, classes = _split(root)
+        return _run(config, device, dist, train_samples, val_samples, classes, on_epoch, on_step,
+                    torch, torchvision, nn, Loader, SplitBackward, Trace, train_transform, eval_transform)
+    finally:
+        dist.close()
+        if tmp is not None:
+            shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _run(config, device, dist, train_samples, val_samples, classes, on_epoch, on_step,
+         torch, torchvision, nn, Loader, SplitBackward, Trace, train_transform, eval_transform) -> dict:
+    torch.manual_seed(config.seed)
+    model = torchvision.models.get_model(config.model, num_classes=len(classes))
+    model = model.to(device, memory_format=torch.channels_last)
+    trace = Trace() if config.trace else None
+    options = {"lanes": config.lanes, "max_width": config.max_width, "devices": config.devices} \
+        if config.backend == "sim" else {}
+    loader_args = dict(backend=config.backend, seed=config.seed, device=device, cpu_workers=config.workers,
+                       backend_options=options, rank=dist.rank, world_size=dist.world)
+    loader = Loader([(s.path, s.label) for s in train_samples], config.batch_size, shuffle=True,
+                    transform=train_transform(config.image_size, seed=config.seed + dist.rank),
+                    progress=config.progress, trace=trace, **loader_args)
+    val_loader = Loader([(s.path, s.label) for s in val_samples], config.batch_size, shuffle=False,
+                        transform=eval_transform(config.image_size, resize=config.image_size * 8 // 7),
+                        **loader_args) if val_samples else None
+    scheduler_split = None
+    if config.backward == "split":
+        scheduler_split = SplitBackward(model, streams=config.streams, trace=trace)
+        net = model
+    elif dist.active:
+        from torch.nn.parallel import DistributedDataParallel as DDP
+
+        net = DDP(model, device_ids=[device.index] if device.type == "cuda" else None)
+    else:
+        net = model
+    criterion = nn.CrossEntropyLoss(label_smoothing=config.label_smoothing)
+    lr = config.lr if config.lr is not None else 0.1 * config.batch_size * dist.world / 256
+    decay, no_decay = [], []
+    for p in model.parameters():
+        if p.requires_grad:
+            (no_decay if p.dim() <= 1 else decay).append(p)   # no weight decay on norms and biases
+    optimizer = torch.optim.SGD([{"params": decay, "weight_decay": config.weight_decay},
+                                 {"params": no_decay, "weight_decay": 0.0}], lr=lr, momentum=config.momentum)
+    per_epoch = len(loader)
+    total = config.steps if config.steps is not None else per_epoch * config.epochs
+    if config.epochs is not None:
+        total = min(total, per_epoch * config.epochs)
+    warmup = int(config.warmup_epochs * per_epoch)
+    schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: _lr_factor(s, total, warmup))
+
+    step, epoch, skip, resumed, state = 0, 0, 0, None, None
+    first_loss = None
+    if config.checkpoint and config.resume and os.path.exists(config.checkpoint):
+        state = torch.load(config.checkpoint, map_location=device, weights_only=False)
+        model.load_state_dict(state["model"])
+        optimizer.load_state_dict(state["optimizer"])
+        schedule.load_state_dict(state["schedule"])
+        step, epoch, skip = state["step"], state["epoch"], state["batches_done"]
+        first_loss = state.get("loss_first")
+        resumed = step
+        if skip >= per_epoch:
+            epoch, skip = epoch + 1, 0
+        log.info("resumed from %s at step %d (epoch %d, batch %d)", config.checkpoint, step, epoch, skip)
+
+    summary = {"steps": 0, "images": 0, "images_per_s": 0.0, "loss_first": first_loss, "loss_last": None,
+               "val_top1": None, "host_cores": 0.0, "backend": loader.backend_name, "backward": config.backward,
+               "model": config.model, "classes": len(classes), "world_size": dist.world, "device": str(device),
+               "lr": lr, "epochs": [], "outcomes": {}, "fallbacks": 0, "resumed_from": resumed, "trace": config.trace}
+    images_total, wall_total, cpu_total = 0, 0.0, 0.0
+    try:
+        while step < total:
+            loader.set_epoch(epoch)
+            if skip:
+                _skip_to(loader, skip, state)
+            state = None
+            model.train()
+            losses, images, batch_no = [], 0, skip
+            wall0, cpu0 = time.perf_counter(), time.process_time()
+            for images_batch, labels in loader:
+                phase = trace.span if trace is not None else _no_span
+                with phase("forward", "train", thread="trainer"):
+                    loss = criterion(net(images_batch), labels)
+                with phase("backward", "train", thread="trainer"):
+                    loss.backward()
+                with phase("optimizer", "train", thread="trainer"):
+                    optimizer.step()
+                    optimizer.zero_grad(set_to_none=True)
+                    schedule.step()
+                value = loss.item()
+                if first_loss is None:
+                    first_loss = value
+                losses.append(value)
+                images += len(labels)
+                step += 1
+                batch_no += 1
+                if config.checkpoint and config.checkpoint_every and step % config.checkpoint_every == 0:
+                    _save(config, dist, model, optimizer, schedule, loader, step, epoch, batch_no, first_loss)
+                if on_step is not None:
+                    on_step(step, value)
+                if step >= total:
+                    break
+            wall = time.perf_counter() - wall0
+            cpu = time.process_time() - cpu0
+            images_total, wall_total, cpu_total = images_total + images, wall_total + wall, cpu_total + cpu
+            stats = loader.stats()
+            for key, n in (stats.outcomes if stats else {}).items():
+                summary["outcomes"][key] = summary["outcomes"].get(key, 0) + n
+                if key.startswith("fallback"):
+                    summary["fallbacks"] += n
+            top1 = _validate(net if config.backward == "autograd" else model, val_loader, dist, device)
+            loss_sum, loss_n, img_sum = dist.all_sum([sum(losses), len(losses), images])
+            record = {"epoch": epoch, "steps": len(losses), "loss": loss_sum / loss_n if loss_n else None,
+                      "val_top1": top1, "images": int(img_sum), "seconds": wall,
+                      "images_per_s": img_sum / wall if wall else 0.0, "host_cores": cpu / wall if wall else 0.0,
+                      "lane_busy": stats.lane_busy if stats else {}, "lr": schedule.get_last_lr()[0]}
+            summary["epochs"].append(record)
+            summary["val_top1"], summary["loss_last"] = top1, (losses[-1] if losses else summary["loss_last"])
+            if on_epoch is not None and dist.rank == 0:
+                on_epoch(record)
+            if config.checkpoint:
+                _save(config, dist, model, optimizer, schedule, loader, step, epoch, batch_no, first_loss)
+            epoch, skip = (epoch + 1, 0) if batch_no >= per_epoch else (epoch, batch_no)
+    finally:
+        if scheduler_split is not None:
+            scheduler_split.remove()
+        loader.close()
+        if val_loader is not None:
+            val_loader.close()
+    total_images = dist.all_sum([images_total])[0]
+    summary.update(steps=step - (resumed or 0), images=int(total_images),
+                   images_per_s=total_images / wall_total if wall_total else 0.0,
+                   host_cores=cpu_total / wall_total if wall_total else 0.0, loss_first=first_loss)
+    if trace is not None:
+        path = Path(config.trace)
+        if dist.rank:
+            path = path.with_name(f"{path.stem}.rank{dist.rank}{path.suffix or '.json'}")
+        trace.write(path)
+    return summary
+
+
+def _no_span(*args, **kwargs):
+    import contextlib
+
+    return contextlib.nullcontext()
+
+
+def _skip_to(loader, batches: int, state: dict | None) -> None:
+    """Resume inside an epoch: the sampler starts after the batches already trained on,
+    and the augmentation's random stream continues from where it was."""
+    loader.sampler.skip(min(batches * loader.batch_size, len(loader.sampler)))
+    if state and state.get("transform_rng") is not None and hasattr(loader.transform, "generator"):
+        loader.transform.generator.set_state(state["transform_rng"])
+
+
+def _save(config, dist, model, optimizer, schedule, loader, step, epoch, batches_done, first_loss) -> None:
+    import torch
+
+    if dist.rank != 0:
+        return
+    transform = loader.transform
+    state = {"model": model.state_dict(), "optimizer": optimizer.state_dict(), "schedule": schedule.state_dict(),
+             "step": step, "epoch": epoch, "batches_done": batches_done, "loss_first": first_loss,
+             "sampler": {**loader.sampler.state_dict(), "start": batches_done * loader.batch_size},
+             "transform_rng": transform.generator.get_state() if hasattr(transform, "generator") else None,
+             "config": asdict(config)}
+    tmp = f"{config.checkpoint}.tmp"
+    torch.save(state, tmp)
+    os.replace(tmp, config.checkpoint)            # a crash mid-save leaves the old checkpoint
+
+
+def _validate(net, loader, dist, device) -> float | None:
+    """Top-1 accuracy over the validation set (each index counted once across ranks:
+    the sampler pads shards with repeats as DistributedSampler does)."""
+    import torch
+
+    if loader is None:
+        return None
+    net.eval()
+    results = {}
+    with torch.no_grad():
+        for batch in loader:
+            images, labels = batch
+            correct = (net(images).argmax(1) == labels).tolist()
+            results.update(zip(batch.indices.tolist(), correct))
+    merged = {}
+    for part in dist.gather(results):
+        merged.update(part)
+    return sum(merged.values()) / len(merged) if merged else None
+
+
+def format_epoch(record: dict) -> str:
+    """One line per epoch for the terminal."""
+    top1 = "-" if record["val_top1"] is None else f"{100 * record['val_top1']:.1f}%"
+    loss = "-" if record["loss"] is None else f"{record['loss']:.4f}"
+    return (f"epoch {record['epoch']:3d}  steps {record['steps']:4d}  loss {loss}  val top-1 {top1}  "
+            f"{record['images_per_s']:7.1f} images/s  host cores {record['host_cores']:.2f}  "
+            f"lr {record['lr']:.4g}")
+
+
+def summary_json(summary: dict) -> str:
+    return json.dumps(summary, indent=1, default=str)

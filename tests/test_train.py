@@ -1,0 +1,138 @@
+"""The main job: ``dlbooster train`` on real photographs, cpu and simulated decoder,
+autograd and split backward, checkpoint/resume, torchrun with two gloo ranks."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("torchvision")
+pytest.importorskip("skimage")
+
+from dlbooster.train import TrainConfig, photo_dataset, train  # noqa: E402
+
+# Small and quick: 64-pixel crops, batch 8 (15 batches per epoch of the photo set).
+BASE = TrainConfig(backend="cpu", batch_size=8, image_size=64, lr=0.05, workers=1, device="cpu")
+
+
+@pytest.fixture(scope="module")
+def photos(tmp_path_factory):
+    return str(photo_dataset(tmp_path_factory.mktemp("photos")))
+
+
+def _state(path):
+    return torch.load(path, weights_only=False)
+
+
+def _same_model(a, b) -> bool:
+    sa, sb = _state(a)["model"], _state(b)["model"]
+    return sa.keys() == sb.keys() and all(torch.equal(sa[k], sb[k]) for k in sa)
+
+
+def test_photo_dataset(photos):
+    from PIL import Image
+
+    from dlbooster.samples import packaged_photos
+
+    root = Path(photos)
+    classes = sorted(p.name for p in (root / "train").iterdir())
+    assert classes == sorted(p.stem for p in packaged_photos())
+    for split, per_class in (("train", 8), ("val", 2)):
+        for cls in classes:
+            files = sorted((root / split / cls).glob("*.jpg"))
+            assert len(files) == per_class
+            for f in files:
+                with Image.open(f) as im:
+                    assert im.format == "JPEG" and im.width <= 256 and im.height <= 256
+
+
+def test_train_summary(photos, tmp_path):
+    epochs = []
+    summary = train(replace(BASE, data=photos, steps=4, checkpoint=str(tmp_path / "c.pt")),
+                    on_epoch=epochs.append)
+    assert summary["steps"] == 4 and summary["images"] == 32
+    assert summary["backend"] == "cpu" and summary["backward"] == "autograd"
+    assert summary["classes"] == 15 and summary["world_size"] == 1
+    # Outcomes count what the loader decoded, the prefetched batches included.
+    assert list(summary["outcomes"]) == ["ok"] and summary["outcomes"]["ok"] >= 32
+    assert summary["fallbacks"] == 0
+    assert summary["loss_first"] > 0 and summary["loss_last"] > 0
+    assert 0.0 <= summary["val_top1"] <= 1.0
+    assert summary["images_per_s"] > 0 and summary["host_cores"] > 0
+    assert len(epochs) == 1 and epochs[0]["steps"] == 4
+    state = _state(tmp_path / "c.pt")
+    assert (state["step"], state["epoch"], state["batches_done"]) == (4, 0, 4)
+    assert state["sampler"]["start"] == 32
+
+
+def test_split_backward_trains_identically(photos, tmp_path):
+    a, b = str(tmp_path / "autograd.pt"), str(tmp_path / "split.pt")
+    sa = train(replace(BASE, data=photos, steps=3, checkpoint=a))
+    sb = train(replace(BASE, data=photos, steps=3, checkpoint=b, backward="split"))
+    assert sb["backward"] == "split"
+    assert (sa["loss_first"], sa["loss_last"]) == (sb["loss_first"], sb["loss_last"])
+    assert _same_model(a, b)
+
+
+def test_resume_after_a_crash_is_exact(photos, tmp_path):
+    straight, resumed = str(tmp_path / "straight.pt"), str(tmp_path / "resumed.pt")
+    config = replace(BASE, data=photos, steps=19)           # crosses an epoch boundary (15)
+    train(replace(config, checkpoint=straight))
+
+    def crash(step, loss):
+        if step == 6:
+            raise KeyboardInterrupt
+    with pytest.raises(KeyboardInterrupt):
+        train(replace(config, checkpoint=resumed, checkpoint_every=3), on_step=crash)
+    assert _state(resumed)["step"] == 6
+    summary = train(replace(config, checkpoint=resumed, checkpoint_every=3, resume=True))
+    assert summary["resumed_from"] == 6 and summary["steps"] == 13
+    assert _same_model(straight, resumed)
+
+
+def test_sim_decoder_feeds_identical_training(photos, tmp_path):
+    """The simulated device decodes exactly like the CPU path, so training on it gives the
+    same model; the trace shows its lane, the loader, the phases and the split tasks."""
+    cpu, sim = str(tmp_path / "cpu.pt"), str(tmp_path / "sim.pt")
+    trace = tmp_path / "trace.json"
+    train(replace(BASE, data=photos, steps=2, checkpoint=cpu, backward="split"))
+    summary = train(replace(BASE, data=photos, steps=2, checkpoint=sim, backend="sim", lanes=1,
+                            max_width=256, backward="split", trace=str(trace)))
+    assert summary["backend"] == "sim" and list(summary["outcomes"]) == ["ok"]
+    assert _same_model(cpu, sim)
+    events = json.loads(trace.read_text())["traceEvents"]
+    names = {(e["pid"], e["tid"]): e["args"]["name"] for e in events if e["name"] == "thread_name"}
+    spans = [(names[e["pid"], e["tid"]], e["cat"], e["name"]) for e in events if e["ph"] == "X"]
+    assert sum(1 for t, c, _ in spans if (t, c) == ("lane 0", "decode")) == summary["outcomes"]["ok"] >= 16
+    assert sum(1 for t, c, _ in spans if (t, c) == ("loader", "batch")) == 2
+    assert [n for t, c, n in spans if c == "train"] == ["forward", "backward", "optimizer"] * 2
+    assert sum(1 for _, c, _ in spans if c == "weight-grad") == 2 * 21     # ResNet-18: 20 convs + fc
+
+
+def _torchrun(args: list[str], tmp_path) -> dict:
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    for key in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
+        env.pop(key, None)
+    proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+                           "-m", "dlbooster.cli", "train", *args, "--json"],
+                          capture_output=True, text=True, env=env, timeout=600, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return json.loads(proc.stdout[proc.stdout.index("{"):])
+
+
+def test_torchrun_two_gloo_ranks_autograd_and_split_agree(photos, tmp_path):
+    common = [photos, "--backend", "cpu", "--steps", "3", "--batch-size", "4", "--image-size", "64",
+              "--lr", "0.05", "--workers", "1", "--device", "cpu"]
+    a = _torchrun([*common, "--checkpoint", str(tmp_path / "ddp.pt")], tmp_path)
+    b = _torchrun([*common, "--backward", "split", "--checkpoint", str(tmp_path / "split.pt")], tmp_path)
+    assert a["world_size"] == b["world_size"] == 2
+    assert a["images"] == b["images"] == 2 * 3 * 4          # both ranks, every step
+    assert a["loss_first"] == b["loss_first"] and a["loss_last"] == b["loss_last"]
+    assert _same_model(tmp_path / "ddp.pt", tmp_path / "split.pt")
