@@ -26,6 +26,8 @@ Inputs default to the ImageNet sample photos of the shared corpus
   wall time (one core), images/s of simulated decode, device clocks per image and the
   images/s the same clocks give at 250 MHz; every image checked against Pillow.
 - ``bench host`` and ``bench loader``: the runtime (:mod:`dlbooster.bench_runtime`).
+- ``bench backward``: training iteration time with autograd and with the split backward
+  schedule (:mod:`dlbooster.bench_train`); needs no input files.
 """
 
 from __future__ import annotations
@@ -52,11 +54,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                        ("lane", "whole decoder lane in Verilator: clocks per pixel, RGB vs Pillow"),
                        ("device", "simulated decoder device: clocks/s, images/s, 1..N lanes"),
                        ("host", "runtime host cost per image, driving an instant device"),
-                       ("loader", "Loader images/s vs torchvision DataLoader; sim lanes")):
+                       ("loader", "Loader images/s vs torchvision DataLoader; sim lanes"),
+                       ("backward", "training iteration time: autograd vs split backward")):
         p = kinds.add_parser(kind, help=text, description=text)
-        p.add_argument("paths", nargs="*", metavar="PATH",
-                       help="files or folders (default: the corpus ImageNet sample photos)")
-        p.add_argument("--limit", type=int, default=0, help="use at most N files")
+        if kind != "backward":
+            p.add_argument("paths", nargs="*", metavar="PATH",
+                           help="files or folders (default: the corpus ImageNet sample photos)")
+            p.add_argument("--limit", type=int, default=0, help="use at most N files")
         p.add_argument("--json", metavar="FILE", help="write the results as JSON")
         if kind == "parse":
             p.add_argument("--repeat", type=int, default=20, help="timed repetitions per file")
@@ -91,6 +95,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
             p.add_argument("--sim-lanes", default="", help="comma-separated lane counts for the sim backend")
             p.add_argument("--sim-files", type=int, default=8, help="files through the sim backend")
             p.add_argument("--sim-max-width", type=int, default=512, help="the sim device's line-buffer width")
+        elif kind == "backward":
+            p.add_argument("--model", default="resnet18", help="torchvision model")
+            p.add_argument("--batch-size", default="32", help="comma-separated batch sizes")
+            p.add_argument("--dtype", default="fp32", help="comma-separated: fp32, bf16 (autocast)")
+            p.add_argument("--image-size", type=int, default=224)
+            p.add_argument("--device", default="cpu")
+            p.add_argument("--iterations", type=int, default=1, help="timed iterations per round")
+            p.add_argument("--rounds", type=int, default=15, help="alternating rounds of each schedule")
+            p.add_argument("--warmup", type=int, default=1, help="untimed iterations first")
+            p.add_argument("--streams", type=int, default=2, help="side CUDA streams of the split schedule")
         elif kind == "entropy":
             p.add_argument("--per-file", action="store_true", help="print a row per file")
             p.add_argument("--ready", type=int, default=100,
@@ -484,9 +498,21 @@ def _print_idct(result: dict) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    files = _inputs(args)
+    files = _inputs(args) if args.kind != "backward" else []
     failed = False
-    if args.kind == "lane":
+    if args.kind == "backward":
+        from .bench_train import bench_backward
+
+        result = bench_backward(model=args.model, batch_sizes=[int(b) for b in args.batch_size.split(",")],
+                                dtypes=args.dtype.split(","), image_size=args.image_size, device=args.device,
+                                iterations=args.iterations, rounds=args.rounds, warmup=args.warmup,
+                                streams=args.streams)
+        result.update(_machine())
+        print(_table(["model", "batch", "dtype", "autograd ms/iter", "split ms/iter", "split / autograd"],
+                     [[result["model"], c["batch_size"], c["dtype"], f"{c['autograd_s'] * 1e3:.1f}",
+                       f"{c['split_s'] * 1e3:.1f}", f"{c['split_over_autograd']:.3f}"] for c in result["configs"]]))
+        print("split / autograd: the median of the per-round ratios")
+    elif args.kind == "lane":
         dropped = 0
         if args.recode:
             files, dropped = _recode(files, args.recode)

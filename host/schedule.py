@@ -96,10 +96,15 @@ class _SplitLayer(torch.autograd.Function):
     def backward(ctx, grad_y):
         x, weight = ctx.saved_tensors
         layer, scheduler = ctx.layer, ctx.scheduler
+        unbatched = not isinstance(layer, nn.Linear) and x.dim() == weight.dim() - 1
+        if unbatched:                            # ATen's convolution backward wants a batch
+            x, grad_y = x.unsqueeze(0), grad_y.unsqueeze(0)
         grad_x = None
         if ctx.needs_input_grad[0]:
             with scheduler._span(f"input-grad {scheduler.names[layer]}", "input-grad"):
                 grad_x = _input_grad(layer, grad_y, x, weight)
+                if unbatched:
+                    grad_x = grad_x.squeeze(0)
         scheduler._weight_grad(layer, grad_y, x, weight, ctx.needs_input_grad[1],
                                ctx.has_bias and ctx.needs_input_grad[2])
         return grad_x, None, None, None, None

@@ -97,6 +97,21 @@ def test_shared_frozen_and_branches():
     assert scheduler.backward_order.count("head") == 2
 
 
+def test_unbatched_and_one_dimensional_inputs():
+    torch.manual_seed(0)
+    conv, lin = nn.Conv2d(3, 4, 3), nn.Linear(16, 3)
+    model = nn.Sequential(conv, nn.Flatten(0), nn.Linear(4 * 4 * 4, 16), nn.ReLU(), lin)
+    x = torch.randn(3, 6, 6, requires_grad=True)          # no batch dimension
+    reference = copy.deepcopy(model)
+    SplitBackward(model)
+    xr = x.detach().clone().requires_grad_()
+    reference(xr).sum().backward()
+    model(x).sum().backward()
+    assert torch.equal(x.grad, xr.grad)
+    for a, b in zip(reference.parameters(), model.parameters()):
+        assert torch.equal(a.grad, b.grad)
+
+
 def test_unsplit_layers_keep_autograd():
     model = nn.Sequential(nn.Conv2d(3, 4, 3, padding="same"), nn.Conv2d(4, 4, 3, padding=1, padding_mode="reflect"),
                           nn.Conv2d(4, 4, 3, padding=1), nn.Flatten(), nn.LazyLinear(2))

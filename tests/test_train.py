@@ -128,10 +128,15 @@ def _torchrun(args: list[str], tmp_path) -> dict:
 
 
 def test_torchrun_two_gloo_ranks_autograd_and_split_agree(photos, tmp_path):
-    common = [photos, "--backend", "cpu", "--steps", "3", "--batch-size", "4", "--image-size", "64",
+    """DDP with each rank's own simulated device, and the split schedule's all-reduce
+    with CPU decoding, train the same model."""
+    common = [photos, "--steps", "3", "--batch-size", "4", "--image-size", "64",
               "--lr", "0.05", "--workers", "1", "--device", "cpu"]
-    a = _torchrun([*common, "--checkpoint", str(tmp_path / "ddp.pt")], tmp_path)
-    b = _torchrun([*common, "--backward", "split", "--checkpoint", str(tmp_path / "split.pt")], tmp_path)
+    a = _torchrun([*common, "--backend", "sim", "--lanes", "1", "--max-width", "256",
+                   "--checkpoint", str(tmp_path / "ddp.pt")], tmp_path)
+    b = _torchrun([*common, "--backend", "cpu", "--backward", "split",
+                   "--checkpoint", str(tmp_path / "split.pt")], tmp_path)
+    assert (a["backend"], a["backward"], b["backend"], b["backward"]) == ("sim", "autograd", "cpu", "split")
     assert a["world_size"] == b["world_size"] == 2
     assert a["images"] == b["images"] == 2 * 3 * 4          # both ranks, every step
     assert a["loss_first"] == b["loss_first"] and a["loss_last"] == b["loss_last"]
