@@ -52,6 +52,8 @@ def bench_backward(*, model: str = "resnet18", batch_sizes=(32,), dtypes=("fp32"
 
     from .schedule import SplitBackward
 
+    if iterations < 1 or rounds < 1 or warmup < 0:
+        raise ValueError("iterations and rounds must be at least 1, warmup at least 0")
     dev = torch.device(device)
     configs = []
     for batch in batch_sizes:
@@ -66,7 +68,8 @@ def bench_backward(*, model: str = "resnet18", batch_sizes=(32,), dtypes=("fp32"
             for name, m in (("autograd", plain), ("split", split)):
                 opt = torch.optim.SGD(m.parameters(), lr=1e-3, momentum=0.9)
                 runs[name] = (m, opt)
-                _iteration_time(m, x, y, opt, warmup, dev, dtype)
+                if warmup:
+                    _iteration_time(m, x, y, opt, warmup, dev, dtype)
             per_round = []
             for k in range(rounds):
                 row = {}

@@ -241,10 +241,15 @@ def _cmd_train(args: argparse.Namespace) -> int:
         print(summary_json(summary))
     else:
         top1 = "-" if summary["val_top1"] is None else f"{100 * summary['val_top1']:.1f}%"
+        losses = " -> ".join("-" if v is None else f"{v:.4f}" for v in (summary["loss_first"], summary["loss_last"]))
         print(f"{summary['steps']} steps, {summary['images']} images, {summary['images_per_s']:.1f} images/s, "
-              f"loss {summary['loss_first']:.4f} -> {summary['loss_last']:.4f}, val top-1 {top1}, "
+              f"loss {losses}, val top-1 {top1}, "
               f"host cores {summary['host_cores']:.2f}, world size {summary['world_size']}")
         print(f"decode outcomes: {summary['outcomes']} ({summary['fallbacks']} CPU fallbacks)")
+        wide = summary["outcomes"].get("fallback:width", 0)
+        if wide:
+            print(f"{wide} images were wider than the device's {args.max_width}-pixel line buffers and "
+                  f"were decoded on the CPU; --max-width sets the simulated device's width", file=sys.stderr)
         if summary["trace"]:
             print(f"trace: {summary['trace']} (open in https://ui.perfetto.dev)")
     return 0

@@ -21,12 +21,19 @@ backward scheduling do:
   there are no streams: the same decomposition runs in the same order (input
   gradient, then the weight gradient right after it).
 - with a process group, each finished gradient goes to a bucketed asynchronous
-  all-reduce right away (buckets in the order the first iteration produced the
-  gradients, ``bucket_mb`` each, as DDP's reducer builds them); other parameters (batch
-  norm, embeddings) join through post-accumulate hooks. At the end of the backward
-  pass the remaining buckets are reduced and every gradient is averaged over the
-  ranks. DDP's own reducer cannot be used here: it learns that a gradient is ready
-  only from autograd's accumulation into ``.grad``, which split layers do themselves.
+  all-reduce (buckets of ``bucket_mb`` in the order the first iteration produced the
+  gradients, as DDP's reducer builds them; a bucket is sent as soon as its last
+  gradient is in, from the second iteration on; the first iteration sends all at its
+  end); other parameters (batch norm, embeddings) and autograd's own contributions to
+  tied weights join through post-accumulate hooks. At the end of the backward pass the
+  remaining buckets are reduced and every gradient is averaged over the ranks. DDP's
+  own reducer cannot be used here: it learns that a gradient is ready only from
+  autograd's accumulation into ``.grad``, which split layers do themselves.
+- every ``.grad`` update of one parameter happens on one stream (each layer keeps the
+  side stream it was first given), autograd's own accumulation into a tied weight
+  waits for that stream, and each output gradient read on a side stream is kept
+  referenced until the end of the pass, so that autograd cannot add into it in place
+  while the side stream reads it.
 
 Results: gradients bitwise equal to plain autograd's on the CPU (the same ATen kernels
 run, only separately; tested on ResNet-18/50, DenseNet and Inception blocks, shared and
@@ -35,8 +42,18 @@ shared by several layers gets its contributions summed in backward order, which 
 three or more uses may differ from autograd's sum in the last float32 bit.
 
 Layers split: ``nn.Conv1d/2d/3d`` with ``padding_mode="zeros"`` and numeric padding,
-``nn.Linear``; other layers (and these with string padding or other padding modes)
-keep autograd's backward.
+``nn.Linear`` (and subclasses that keep their ``forward``); other layers (and these
+with string padding or other padding modes) keep autograd's backward. Weight
+gradients are computed only when the running backward accumulates into the weight
+(not for ``torch.autograd.grad(out, inputs)`` without it).
+
+Limits: with a process group every rank must produce the same gradients in the same
+order every iteration (a static graph, as DDP's ``static_graph``; a parameter with
+more contributions than in the first iteration raises ``RuntimeError``; a graph that
+differs between ranks can hang the collectives); unused parameters are reduced as
+zeros; reentrant activation checkpointing is not supported (its inner backward passes
+would end the schedule's pass early). With ``trace`` on CUDA, the end of each backward
+pass waits on the host for the timing events.
 """
 
 from __future__ import annotations
@@ -47,6 +64,7 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
+from torch.autograd.graph import get_gradient_edge
 
 __all__ = ["SplitBackward", "split_layers"]
 
@@ -58,9 +76,10 @@ def split_layers(model: nn.Module) -> list[tuple[str, nn.Module]]:
     splits, in module order."""
     found = []
     for name, m in model.named_modules():
-        if isinstance(m, nn.Linear) or (
-                isinstance(m, (nn.Conv1d, nn.Conv2d, nn.Conv3d)) and m.padding_mode == "zeros"
-                and not isinstance(m.padding, str)):
+        base = next((c for c in (nn.Linear, nn.Conv1d, nn.Conv2d, nn.Conv3d) if isinstance(m, c)), None)
+        if base is None or type(m).forward is not base.forward:   # a subclass with its own forward
+            continue
+        if base is nn.Linear or (m.padding_mode == "zeros" and not isinstance(m.padding, str)):
             found.append((name, m))
     return found
 
@@ -105,9 +124,16 @@ class _SplitLayer(torch.autograd.Function):
                 grad_x = _input_grad(layer, grad_y, x, weight)
                 if unbatched:
                     grad_x = grad_x.squeeze(0)
-        scheduler._weight_grad(layer, grad_y, x, weight, ctx.needs_input_grad[1],
-                               ctx.has_bias and ctx.needs_input_grad[2])
+        # torch.autograd.grad(..., inputs) and backward(inputs=...) may not want them.
+        want_w = ctx.needs_input_grad[1] and _wanted(layer.weight)
+        want_b = ctx.has_bias and ctx.needs_input_grad[2] and _wanted(layer.bias)
+        scheduler._weight_grad(layer, grad_y, x, weight, want_w, want_b)
         return grad_x, None, None, None, None
+
+
+def _wanted(param: nn.Parameter) -> bool:
+    """Whether the running backward pass accumulates into ``param``."""
+    return torch._C._will_engine_execute_node(get_gradient_edge(param).node)
 
 
 def _input_grad(layer: nn.Module, grad_y, x, weight):
@@ -168,6 +194,14 @@ class _Reducer:
             self.left[b] -= 1
             if self.left[b] == 0:
                 self._launch(b)
+
+    def abandon(self) -> None:
+        """Forget a backward pass that failed midway (its launched buckets finish unused)."""
+        for _, _, work in self.works:
+            work.wait()
+        if not self.buckets:                     # the plan comes from a complete first pass
+            self.order.clear()
+        self._reset()
 
     def _launch(self, b: int) -> None:
         params = self.buckets[b]
@@ -238,9 +272,11 @@ class SplitBackward:
         self.names = {m: name or type(m).__name__ for name, m in self.layers}
         self._streams: list = []
         self._nstreams = max(1, streams)
-        self._next_stream = 0
-        self._in_backward = False
+        self._stream_of: dict[int, object] = {}  # id(weight) -> its side stream
+        self._task: int | None = None             # the autograd graph task being served
         self._used_streams: set = set()
+        self._mains: set = set()                  # streams the backward ran on
+        self._held: list = []                     # output gradients read on side streams
         self._gpu_spans: list = []
         self.backward_order: list[str] = []     # split layers in the first backward's order
         self._recording = True
@@ -249,14 +285,18 @@ class SplitBackward:
             group = dist.group.WORLD
         self._reducer = None
         self._handles = []
+        for _, m in self.layers:
+            for p in (m.weight, m.bias):
+                if p is not None and p.requires_grad:
+                    # Runs only when autograd itself brings p a gradient: p is also used
+                    # outside split layers (tied weights).
+                    self._handles.append(p.register_hook(self._before_autograd_accumulates(p)))
         if group is not None:
             params = [p for p in model.parameters() if p.requires_grad]
             self._broadcast(group)
             self._reducer = _Reducer(params, group, int(bucket_mb * 2**20), self._join_streams)
-            split_params = {id(p) for _, m in self.layers for p in (m.weight, m.bias) if p is not None}
-            for p in params:
-                if id(p) not in split_params:
-                    self._handles.append(p.register_post_accumulate_grad_hook(self._accumulated))
+            for p in params:            # autograd's accumulations count as contributions too
+                self._handles.append(p.register_post_accumulate_grad_hook(self._accumulated))
             self._handles.append(model.register_forward_pre_hook(lambda m, a: self._broadcast_buffers(group)))
         for _, m in self.layers:
             m.forward = self._forward_of(m)
@@ -296,17 +336,36 @@ class SplitBackward:
     # -- scheduling ----------------------------------------------------------------
 
     def _begin(self) -> None:
-        """First task of a backward pass: queue the end-of-backward callback."""
-        if not self._in_backward:
-            self._in_backward = True
-            torch.autograd.Variable._execution_engine.queue_callback(self._end)
+        """First task of a backward pass: queue the end-of-backward callback. A pass that
+        failed never ran its callback: its leftovers are dropped here."""
+        task = torch._C._current_graph_task_id()
+        if task == self._task:
+            return
+        if self._task is not None:
+            self._held.clear()
+            if self._reducer is not None:
+                self._reducer.abandon()
+        self._task = task
+        torch.autograd.Variable._execution_engine.queue_callback(self._end)
 
-    def _side_stream(self, device: torch.device):
-        if not self._streams:
-            self._streams = [torch.cuda.Stream(device) for _ in range(self._nstreams)]
-        s = self._streams[self._next_stream]
-        self._next_stream = (self._next_stream + 1) % len(self._streams)
+    def _side_stream(self, layer: nn.Module):
+        """The layer's side stream: round-robin over the streams at first use, then
+        fixed, so that every update of one parameter's ``.grad`` is on one stream."""
+        key = id(layer.weight)
+        s = self._stream_of.get(key)
+        if s is None:
+            if not self._streams:
+                self._streams = [torch.cuda.Stream(layer.weight.device) for _ in range(self._nstreams)]
+            s = self._stream_of[key] = self._streams[len(self._stream_of) % len(self._streams)]
         return s
+
+    def _before_autograd_accumulates(self, p: nn.Parameter) -> Callable:
+        def hook(grad):
+            s = self._stream_of.get(id(p))
+            if s is not None and grad.is_cuda:     # autograd's add must follow ours
+                torch.cuda.current_stream(grad.device).wait_stream(s)
+            return grad
+        return hook
 
     def _weight_grad(self, layer, grad_y, x, weight, want_w: bool, want_b: bool) -> None:
         self._begin()
@@ -321,9 +380,13 @@ class SplitBackward:
                 self._accumulate(params, [g for g in grads if g is not None])
             return
         main = torch.cuda.current_stream(grad_y.device)
-        side = self._side_stream(grad_y.device)
+        side = self._side_stream(layer)
         side.wait_stream(main)                    # an event on the main stream, no host wait
         self._used_streams.add(side)
+        self._mains.add(main)
+        # Held to the end of the pass: with no other reference autograd would add the
+        # next gradient into this very tensor in place, while the side stream reads it.
+        self._held.append(grad_y)
         with torch.cuda.stream(side):
             start = self._gpu_event()
             grads = _weight_grads(layer, grad_y, x, weight, want_w, want_b)
@@ -339,7 +402,7 @@ class SplitBackward:
         if not self._streams:
             return
         current = torch.cuda.current_stream()
-        for s in [*self._streams, torch.cuda.default_stream()]:
+        for s in [*self._streams, *self._mains]:
             if s != current:
                 current.wait_stream(s)
 
@@ -347,7 +410,9 @@ class SplitBackward:
         for p, g in zip(params, grads):
             g = g.to(p.dtype)
             if p.grad is None:
-                p.grad = g if g.stride() == p.stride() else g.clone(memory_format=torch.preserve_format)
+                if g.stride() != p.stride():      # autograd's layout contract: .grad strides = param's
+                    g = torch.empty_strided(p.shape, p.stride(), dtype=p.dtype, device=p.device).copy_(g)
+                p.grad = g
             else:
                 p.grad.add_(g)
             if self._reducer is not None:
@@ -359,13 +424,15 @@ class SplitBackward:
 
     def _end(self) -> None:
         """End of the backward pass: join the side streams, reduce, record the trace."""
-        self._in_backward = False
+        self._task = None
         self._recording = False
         if self._used_streams:
             main = torch.cuda.current_stream()
             for s in self._used_streams:
                 main.wait_stream(s)
             self._used_streams.clear()
+            self._mains.clear()
+        self._held.clear()
         if self._reducer is not None:
             if self._streams:
                 ctx = torch.cuda.stream(torch.cuda.current_stream())

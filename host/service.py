@@ -291,6 +291,7 @@ class _Dispatcher(threading.Thread):
         reused), then decode the jobs it held on the CPU."""
         held = list(self.inflight.values())
         self.inflight.clear()
+        self.started.clear()
         try:
             self.device.reset()
         except Exception as exc:  # the device may be gone entirely

@@ -15,8 +15,9 @@ real) FPGA decoder, with the backward pass either plain autograd or
   (``backward="autograd"``) or by SplitBackward's bucketed all-reduce (``"split"``);
   gloo on the CPU, NCCL on CUDA.
 - Checkpoints hold the model, optimiser, learning-rate schedule, epoch, position in the
-  epoch (the sampler's start) and the transform's random state, so a resumed run
-  continues exactly where the interrupted one stopped.
+  epoch (the sampler's start) and every rank's random state (augmentation generator,
+  torch's CPU and CUDA generators), so a run resumed from a checkpoint continues exactly
+  as the uninterrupted run would have from that step.
 """
 
 from __future__ import annotations
@@ -146,6 +147,8 @@ def _split(root: Path):
         if val_classes != classes:
             raise ValueError(f"{root}: train/ and val/ have different classes")
         return train, val, classes
+    if (root / "train").is_dir():               # train/ alone: hold out from it
+        root = root / "train"
     samples, classes, _ = image_folder(root)
     train, val, seen = [], [], {}
     for s in samples:
@@ -243,6 +246,10 @@ def train(config: TrainConfig, *, on_epoch=None, on_step=None) -> dict:
         raise ValueError(f"backward must be 'autograd' or 'split', not {config.backward!r}")
     if config.epochs is None and config.steps is None:
         raise ValueError("give epochs or steps")
+    for name in ("epochs", "steps", "batch_size", "image_size"):
+        value = getattr(config, name)
+        if value is not None and value < 1:
+            raise ValueError(f"{name} must be at least 1, not {value}")
     if config.model not in torchvision.models.list_models(module=torchvision.models):
         raise ValueError(f"unknown torchvision classification model {config.model!r}")
     device = torch.device(config.device or ("cuda" if torch.cuda.is_available() else "cpu"))
@@ -271,7 +278,9 @@ def train(config: TrainConfig, *, on_epoch=None, on_step=None) -> dict:
 def _run(config, device, dist, train_samples, val_samples, classes, on_epoch, on_step,
          torch, torchvision, nn, Loader, SplitBackward, Trace, train_transform, eval_transform) -> dict:
     torch.manual_seed(config.seed)
-    model = torchvision.models.get_model(config.model, num_classes=len(classes))
+    # Inception-style models return auxiliary outputs in training mode unless told not to.
+    extra = {"aux_logits": False} if config.model in ("googlenet", "inception_v3") else {}
+    model = torchvision.models.get_model(config.model, num_classes=len(classes), **extra)
     model = model.to(device, memory_format=torch.channels_last)
     trace = Trace() if config.trace else None
     options = {"lanes": config.lanes, "max_width": config.max_width, "devices": config.devices} \
@@ -279,7 +288,8 @@ def _run(config, device, dist, train_samples, val_samples, classes, on_epoch, on
     loader_args = dict(backend=config.backend, seed=config.seed, device=device, cpu_workers=config.workers,
                        backend_options=options, rank=dist.rank, world_size=dist.world)
     loader = Loader([(s.path, s.label) for s in train_samples], config.batch_size, shuffle=True,
-                    transform=train_transform(config.image_size, seed=config.seed + dist.rank),
+                    # Ranks' augmentation streams must not meet: the transform adds the epoch.
+                    transform=train_transform(config.image_size, seed=config.seed + 1_000_003 * dist.rank),
                     progress=config.progress, trace=trace, **loader_args)
     val_loader = Loader([(s.path, s.label) for s in val_samples], config.batch_size, shuffle=False,
                         transform=eval_transform(config.image_size, resize=config.image_size * 8 // 7),
@@ -332,12 +342,20 @@ def _run(config, device, dist, train_samples, val_samples, classes, on_epoch, on
         while step < total:
             loader.set_epoch(epoch)
             if skip:
-                _skip_to(loader, skip, state)
+                _skip_to(loader, skip)
+            if state is not None:                     # random streams continue where they were
+                ranks = state["rng"]
+                if len(ranks) != dist.world:
+                    raise ValueError(f"{config.checkpoint} was saved by {len(ranks)} ranks, not {dist.world}")
+                _set_rng_state(loader, ranks[dist.rank])
             state = None
             model.train()
             losses, images, batch_no = [], 0, skip
             wall0, cpu0 = time.perf_counter(), time.process_time()
             for images_batch, labels in loader:
+                if not len(labels):                   # every sample of the batch was skipped
+                    batch_no += 1
+                    continue
                 phase = trace.span if trace is not None else _no_span
                 with phase("forward", "train", thread="trainer"):
                     loss = criterion(net(images_batch), labels)
@@ -405,25 +423,42 @@ def _no_span(*args, **kwargs):
     return contextlib.nullcontext()
 
 
-def _skip_to(loader, batches: int, state: dict | None) -> None:
-    """Resume inside an epoch: the sampler starts after the batches already trained on,
-    and the augmentation's random stream continues from where it was."""
+def _rng_state(loader) -> dict:
+    """This rank's random state: the augmentation's generator, torch's CPU and CUDA ones
+    (dropout, stochastic depth)."""
+    import torch
+
+    transform = loader.transform
+    return {"transform": transform.generator.get_state() if hasattr(transform, "generator") else None,
+            "torch": torch.get_rng_state(),
+            "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None}
+
+
+def _set_rng_state(loader, state: dict) -> None:
+    import torch
+
+    if state["transform"] is not None and hasattr(loader.transform, "generator"):
+        loader.transform.generator.set_state(state["transform"])
+    torch.set_rng_state(state["torch"])
+    if state["cuda"] is not None and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+
+
+def _skip_to(loader, batches: int) -> None:
+    """Resume inside an epoch: the sampler starts after the batches already trained on."""
     loader.sampler.skip(min(batches * loader.batch_size, len(loader.sampler)))
-    if state and state.get("transform_rng") is not None and hasattr(loader.transform, "generator"):
-        loader.transform.generator.set_state(state["transform_rng"])
 
 
 def _save(config, dist, model, optimizer, schedule, loader, step, epoch, batches_done, first_loss) -> None:
     import torch
 
+    rng = dist.gather(_rng_state(loader))       # every rank's random state
     if dist.rank != 0:
         return
-    transform = loader.transform
     state = {"model": model.state_dict(), "optimizer": optimizer.state_dict(), "schedule": schedule.state_dict(),
              "step": step, "epoch": epoch, "batches_done": batches_done, "loss_first": first_loss,
              "sampler": {**loader.sampler.state_dict(), "start": batches_done * loader.batch_size},
-             "transform_rng": transform.generator.get_state() if hasattr(transform, "generator") else None,
-             "config": asdict(config)}
+             "rng": rng, "config": asdict(config)}
     tmp = f"{config.checkpoint}.tmp"
     torch.save(state, tmp)
     os.replace(tmp, config.checkpoint)            # a crash mid-save leaves the old checkpoint

@@ -112,6 +112,102 @@ def test_unbatched_and_one_dimensional_inputs():
         assert torch.equal(a.grad, b.grad)
 
 
+class _Tied(nn.Module):
+    """An embedding whose weight is also the (split) output layer's: autograd and the
+    split layer both contribute to one gradient."""
+
+    def __init__(self):
+        super().__init__()
+        self.emb = nn.Embedding(10, 4)
+        self.out = nn.Linear(4, 10, bias=False)
+        self.out.weight = self.emb.weight
+
+    def forward(self, t):
+        return self.out(self.emb(t).relu())
+
+
+def test_tied_weights_through_the_reducer(tmp_path):
+    """One-rank process group: the reducer's bucket for a tied weight waits for
+    autograd's contribution too, in every iteration (not only the first)."""
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1)
+    try:
+        torch.manual_seed(0)
+        reference = _Tied()
+        split = copy.deepcopy(reference)
+        SplitBackward(split, process_group=dist.group.WORLD, bucket_mb=1e-6)   # a bucket per parameter
+        t = torch.tensor([1, 2, 3])
+        for _ in range(3):
+            for m in (reference, split):
+                m.zero_grad(set_to_none=True)
+                F.cross_entropy(m(t), t).backward()
+            assert torch.equal(reference.out.weight.grad, split.out.weight.grad)
+    finally:
+        dist.destroy_process_group()
+
+
+def test_failed_backward_does_not_stall_the_next(tmp_path):
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1)
+    try:
+        torch.manual_seed(0)
+        model = nn.Sequential(nn.Linear(4, 4), nn.ReLU(), nn.Linear(4, 2))
+        reference = copy.deepcopy(model)
+        SplitBackward(model, process_group=dist.group.WORLD)
+        x, y = torch.randn(3, 4), torch.tensor([0, 1, 1])
+        F.cross_entropy(model(x), y).backward()               # plans the buckets
+
+        def fail(grad):
+            raise RuntimeError("injected")
+        hidden = model[0](x)
+        hidden.register_hook(fail)
+        with pytest.raises(RuntimeError, match="injected"):
+            F.cross_entropy(model[2](model[1](hidden)), y).backward()
+        for m in (reference, model):
+            m.zero_grad(set_to_none=True)
+            F.cross_entropy(m(x), y).backward()
+        for a, b in zip(reference.parameters(), model.parameters()):
+            assert torch.equal(a.grad, b.grad)
+    finally:
+        dist.destroy_process_group()
+
+
+def test_autograd_grad_leaves_parameters_alone():
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Conv2d(3, 4, 3), nn.Flatten(), nn.Linear(16, 2))
+    SplitBackward(model)
+    x = torch.randn(2, 3, 4, 4, requires_grad=True)
+    (gx,) = torch.autograd.grad(model(x).sum(), x)
+    assert gx.shape == x.shape
+    assert all(p.grad is None for p in model.parameters())
+    model(x).sum().backward(inputs=[model[2].weight])
+    assert model[2].weight.grad is not None
+    assert model[0].weight.grad is None and model[2].bias.grad is None
+
+
+def test_gradient_layout_follows_the_parameter():
+    torch.manual_seed(0)
+    model = nn.Conv2d(3, 4, 3)
+    reference = copy.deepcopy(model)
+    SplitBackward(model)
+    x = torch.randn(2, 3, 6, 6).contiguous(memory_format=torch.channels_last)
+    for m in (reference, model):
+        m(x).sum().backward()
+    assert model.weight.grad.stride() == reference.weight.grad.stride() == model.weight.stride()
+    assert torch.equal(model.weight.grad, reference.weight.grad)
+
+
+def test_subclass_with_its_own_forward_is_not_split():
+    class Scaled(nn.Linear):
+        def forward(self, x):
+            return 2 * super().forward(x)
+
+    model = nn.Sequential(Scaled(3, 3), nn.Linear(3, 1))
+    assert [n for n, _ in split_layers(model)] == ["1"]
+
+
 def test_unsplit_layers_keep_autograd():
     model = nn.Sequential(nn.Conv2d(3, 4, 3, padding="same"), nn.Conv2d(4, 4, 3, padding=1, padding_mode="reflect"),
                           nn.Conv2d(4, 4, 3, padding=1), nn.Flatten(), nn.LazyLinear(2))

@@ -72,6 +72,20 @@ def test_train_summary(photos, tmp_path):
     assert state["sampler"]["start"] == 32
 
 
+def test_bad_settings_are_usage_errors(photos, capsys):
+    from dlbooster.cli import main
+
+    assert main(["train", photos, "--backend", "cpu", "--epochs", "0"]) == 2
+    assert "epochs must be at least 1" in capsys.readouterr().err
+    assert main(["train", photos, "--backend", "cpu", "--steps", "1", "--model", "nosuchnet"]) == 2
+    assert main(["train", photos + "/missing", "--backend", "cpu", "--steps", "1"]) == 2
+
+
+def test_inception_style_model_trains(photos):
+    summary = train(replace(BASE, data=photos, steps=1, model="googlenet"))
+    assert summary["steps"] == 1 and summary["loss_first"] > 0
+
+
 def test_split_backward_trains_identically(photos, tmp_path):
     a, b = str(tmp_path / "autograd.pt"), str(tmp_path / "split.pt")
     sa = train(replace(BASE, data=photos, steps=3, checkpoint=a))
