@@ -135,10 +135,36 @@ def _cmd_decode(args: argparse.Namespace) -> int:
     return 1 if errors or mismatches else 0
 
 
+def _cmd_board_build(args: argparse.Namespace) -> int:
+    from .hw.boards import BOARDS, check_board_build, write_board_build
+
+    if not args.out:
+        print("dlbooster build: --board needs --out DIR", file=sys.stderr)
+        return 2
+    board = BOARDS[args.board]
+    written = write_board_build(args.board, args.out, lanes=args.lanes, max_width=args.max_width)
+    print(f"{args.out}: {board.name} ({board.part}), {args.lanes} lane(s), {args.max_width}-pixel line buffers, "
+          f"{board.data_width}-bit AXI4 master; " + ", ".join(p.name for p in written))
+    print(f"next: see {Path(args.out) / 'README.md'}")
+    if not args.check:
+        return 0
+    problems = check_board_build(args.out, args.board)
+    for line in problems:
+        print(f"problem: {line}")
+    print("checks (ports, verilator lint, Tcl dry run, kernel.xml, link.cfg): "
+          + ("all passed" if not problems else f"{len(problems)} problem(s)"))
+    return 1 if problems else 0
+
+
 def _cmd_build(args: argparse.Namespace) -> int:
     from .hw.device import Device
     from .sim.flow import export_verilog, lint_verilog
 
+    if args.board:
+        return _cmd_board_build(args)
+    if not args.verilog:
+        print("dlbooster build: give --verilog OUT.v or --board BOARD --out DIR", file=sys.stderr)
+        return 2
     device = Device(lanes=args.lanes, max_width=args.max_width, data_width=args.data_width)
     out = Path(args.verilog)
     out.write_text(export_verilog(device, "dlbooster_decoder"))
@@ -277,13 +303,21 @@ def _parser() -> argparse.ArgumentParser:
                    help="also decode with Pillow and count inputs whose result differs")
     p.set_defaults(func=_cmd_decode)
 
-    p = sub.add_parser("build", help="export the decoder device's Verilog",
-                       description="Write the Verilog of the decoder device top (hw/device.py).")
-    p.add_argument("--verilog", required=True, metavar="OUT.v")
+    from .hw.boards import BOARDS
+
+    p = sub.add_parser("build", help="export the decoder device's Verilog, or a board build folder",
+                       description="Write the Verilog of the decoder device top (hw/device.py), or with "
+                                   "--board a folder with the Verilog and the vendor-tool scripts for that "
+                                   "board (hw/boards.py).")
+    p.add_argument("--verilog", metavar="OUT.v")
+    p.add_argument("--board", choices=sorted(BOARDS), help="write a board build folder (with --out)")
+    p.add_argument("--out", metavar="DIR", help="the board build folder")
+    p.add_argument("--check", action="store_true",
+                   help="with --board: validate the folder (ports, lint, Tcl dry run, kernel.xml)")
     p.add_argument("--lanes", type=int, default=1, help="decoder lanes")
     p.add_argument("--max-width", type=int, default=DEFAULT_MAX_WIDTH, help="widest image (pixels)")
     p.add_argument("--data-width", type=int, choices=(64, 128, 256, 512), default=128,
-                   help="AXI4 data width (bits)")
+                   help="AXI4 data width (bits; a board build uses its board's)")
     p.add_argument("--lint", action="store_true",
                    help="then run verilator --lint-only -Wall with the waivers of hw/device.vlt")
     p.set_defaults(func=_cmd_build)
