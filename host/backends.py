@@ -176,42 +176,23 @@ class ModelBackend:
         return reference.decode(data, info=info, max_width=self.max_width)
 
 
-class SimBackend:
-    """The simulated decoder device (:mod:`dlbooster.sim.device`), driven by the same
-    driver as a board (:class:`dlbooster.device.DecoderDevice`).
+class DeviceBackend:
+    """A backend over decoder devices (:class:`dlbooster.device.DecoderDevice`): the
+    simulated device and the boards share this, differing only in how the devices are
+    made. ``self.devices`` (started), ``self.device`` (the first) and ``self.max_width``
+    are set by subclasses.
 
     Inputs the runtime's pre-screen sends to the CPU (:func:`dlbooster.jpeg.host_prescreen`)
     never reach the device; every other input runs on it, and a non-zero job status
     declines the input with the hardware's reason (:func:`dlbooster.hw.regs.device_reason`).
-
-    Args:
-        lanes: decoder lanes of each simulated device.
-        max_width: its line-buffer width, pixels.
-        devices: simulated devices (each its own simulation and memory; the runtime's
-            :class:`~dlbooster.service.DecodeService` drives them all at once,
-            :meth:`decode_many` uses the first).
-
-    The first use builds the device (minutes; cached).
     """
 
-    name = "sim"
-
-    def __init__(self, lanes: int = 1, max_width: int = jpeg.DEFAULT_MAX_WIDTH, devices: int = 1):
-        from .device import DecoderDevice
-        from .sim.device import SimTransport
-
-        if devices < 1:
-            raise ValueError(f"devices must be at least 1, not {devices}")
-        self.lanes, self.max_width = lanes, max_width
-        self.devices = [DecoderDevice(SimTransport(lanes=lanes, max_width=max_width)) for _ in range(devices)]
-        for device in self.devices:
-            device.start()
-        self.device = self.devices[0]
+    name = "device"
+    devices: list
+    max_width: int
 
     def close(self) -> None:
-        """End the simulations and free their memory."""
-        for device in self.devices:
-            device.transport.close()
+        """Release the devices (subclasses free what they hold)."""
         self.devices.clear()
 
     def decode(self, data: bytes, info: jpeg.JpegInfo | None = None) -> np.ndarray:
@@ -252,18 +233,76 @@ class SimBackend:
         return results
 
 
+class SimBackend(DeviceBackend):
+    """The simulated decoder device (:mod:`dlbooster.sim.device`), driven by the same
+    driver as a board (:class:`dlbooster.device.DecoderDevice`).
+
+    Args:
+        lanes: decoder lanes of each simulated device.
+        max_width: its line-buffer width, pixels.
+        devices: simulated devices (each its own simulation and memory; the runtime's
+            :class:`~dlbooster.service.DecodeService` drives them all at once,
+            :meth:`decode_many` uses the first).
+
+    The first use builds the device (minutes; cached).
+    """
+
+    name = "sim"
+
+    def __init__(self, lanes: int = 1, max_width: int = jpeg.DEFAULT_MAX_WIDTH, devices: int = 1):
+        from .device import DecoderDevice
+        from .sim.device import SimTransport
+
+        if devices < 1:
+            raise ValueError(f"devices must be at least 1, not {devices}")
+        self.lanes, self.max_width = lanes, max_width
+        self.devices = [DecoderDevice(SimTransport(lanes=lanes, max_width=max_width)) for _ in range(devices)]
+        for device in self.devices:
+            device.start()
+        self.device = self.devices[0]
+
+    def close(self) -> None:
+        """End the simulations and free their memory."""
+        for device in self.devices:
+            device.transport.close()
+        self.devices.clear()
+
+class BoardBackend(DeviceBackend):
+    """A decoder board (:mod:`dlbooster.boards`): PYNQ (Zynq) or Alveo (XRT).
+
+    Args:
+        board: a ``dlbooster build --board`` name (``pynq-z2``, ``zcu104``, ``alveo-u50``,
+            ``alveo-u250``).
+        binary: the ``.bit`` (with its ``.hwh`` beside it) or ``.xclbin`` to load.
+
+    Raises:
+        dlbooster.boards.BoardError: no driver library, no board, or no decoder in it.
+    """
+
+    def __init__(self, board: str, binary: str):
+        from .boards import open_board
+
+        device = open_board(board, binary)
+        self.name = device.transport.name
+        self.devices = [device]
+        self.device = device
+        self.lanes, self.max_width = device.lanes, device.max_width
+
+
 _logged_auto: list[bool] = []  # log the auto choice once per process
 
 #: Backend names accepted by :func:`get_backend`.
-BACKENDS = ("auto", "cpu", "model", "sim")
+BACKENDS = ("auto", "cpu", "model", "sim", "pynq", "xrt")
 
 
 def get_backend(name: str = "auto", **options: Any):
     """Return a backend instance by name.
 
     Args:
-        name: one of :data:`BACKENDS`. ``auto`` takes a board when one is present, else
-            ``cpu``, and logs its choice.
+        name: one of :data:`BACKENDS`. ``auto`` opens the board named by the
+            ``DLBOOSTER_BOARD`` and ``DLBOOSTER_BINARY`` environment variables when both are
+            set, else takes ``cpu``, and logs its choice; ``pynq``/``xrt`` need
+            ``board=`` and ``binary=`` options (:class:`BoardBackend`).
         options: backend options (``max_width`` for ``model``; ``lanes`` and
             ``max_width`` for ``sim``).
 
@@ -271,10 +310,23 @@ def get_backend(name: str = "auto", **options: Any):
         ValueError: unknown name.
     """
     if name == "auto":
+        board, binary = os.environ.get("DLBOOSTER_BOARD"), os.environ.get("DLBOOSTER_BINARY")
+        if board and binary:
+            backend = BoardBackend(board, binary)
+            log.info("backend auto: %s board %s with %s", backend.name, board, binary)
+            return backend
         if not _logged_auto:
-            log.info("backend auto: no decoder board found, using cpu")
+            log.info("backend auto: no decoder board configured (DLBOOSTER_BOARD, DLBOOSTER_BINARY), "
+                     "using cpu")
             _logged_auto.append(True)
         return CpuBackend()
+    if name in ("pynq", "xrt"):
+        board = options.get("board") or os.environ.get("DLBOOSTER_BOARD")
+        binary = options.get("binary") or os.environ.get("DLBOOSTER_BINARY")
+        if not (board and binary):
+            raise ValueError(f"backend {name} needs board= and binary= options, or the DLBOOSTER_BOARD "
+                             "and DLBOOSTER_BINARY environment variables")
+        return BoardBackend(board, binary)
     if name == "cpu":
         return CpuBackend()
     if name == "model":

@@ -211,6 +211,61 @@ def _cmd_debug_lane(args: argparse.Namespace) -> int:
     return 1 if run.failed else 0
 
 
+def _self_test_jpeg(max_width: int) -> bytes:
+    """A real photograph (scikit-image's, else a Pillow-drawn test card) as a 4:2:0
+    JPEG at most ``max_width`` pixels wide."""
+    import io
+
+    from PIL import Image
+
+    from .samples import load_photo, packaged_photos
+
+    photos = packaged_photos()
+    if photos:
+        image = Image.fromarray(load_photo(photos[0]))
+    else:
+        image = Image.radial_gradient("L").convert("RGB")
+    width = min(image.width, max_width, 256)
+    image = image.crop((0, 0, width, min(image.height, 192)))
+    out = io.BytesIO()
+    image.save(out, "JPEG", quality=90, subsampling=2)
+    return out.getvalue()
+
+
+def _cmd_flash(args: argparse.Namespace) -> int:
+    from .backends import CpuBackend
+    from .boards import BoardError, open_board
+    from .jpeg import parse
+
+    try:
+        device = open_board(args.board, args.binary)
+    except BoardError as exc:
+        print(f"dlbooster flash: {exc}", file=sys.stderr)
+        return 1
+    print(f"{args.binary} loaded on {args.board} ({device.transport.name}): {device.lanes} lane(s), "
+          f"{device.max_width}-pixel line buffers, {8 * device.bus_bytes}-bit memory bus")
+    data = _self_test_jpeg(device.max_width)
+    frame = parse(data).frame
+    outcome = device.decode_batch([(data, frame.width * frame.height * 3)])[0]
+    done = outcome.completion
+    expected = CpuBackend().decode(data)
+    same = outcome.image is not None and outcome.image.shape == expected.shape and (outcome.image == expected).all()
+    print(f"self-test: {frame.width}x{frame.height} JPEG, status 0x{done.status:02x}, {done.clocks} clocks, "
+          f"{'equal to' if same else 'DIFFERENT from'} the CPU path")
+    return 0 if same else 1
+
+
+def _cmd_devices(args: argparse.Namespace) -> int:
+    from .boards import find_boards
+
+    boards = find_boards()
+    for b in boards:
+        print(f"{b['driver']:5} {b['index']:3}  {b['name']}")
+    if not boards:
+        print("no decoder boards found (PYNQ: pynq.Device.devices; Alveo: XRT's pyxrt)")
+    return 0
+
+
 def _cmd_demo(args: argparse.Namespace) -> int:
     import tempfile
 
@@ -336,6 +391,17 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--valid", type=int, default=100, help="percent of clocks the input offers a beat")
     p.add_argument("--ready", type=int, default=100, help="percent of clocks the output is ready")
     p.set_defaults(func=_cmd_debug_lane)
+
+    p = sub.add_parser("flash", help="load a bitstream or xclbin on a board and self-test it",
+                       description="Load BINARY (a .bit with its .hwh beside it, or an .xclbin) on the "
+                                   "board through PYNQ or XRT, then decode a photograph on it and compare "
+                                   "with the CPU path. Exit 0 when equal.")
+    p.add_argument("--board", required=True, choices=sorted(BOARDS))
+    p.add_argument("binary", metavar="BITSTREAM_OR_XCLBIN")
+    p.set_defaults(func=_cmd_flash)
+
+    p = sub.add_parser("devices", help="list the decoder boards PYNQ or XRT find")
+    p.set_defaults(func=_cmd_devices)
 
     p = sub.add_parser("train", help="the main job: train a torchvision model fed by the decoder",
                        description="Train a torchvision classifier on an ImageFolder (train/ and val/ "

@@ -390,7 +390,7 @@ def test_decode_result_accepts_backend_instances():
 
 
 def test_get_backend():
-    assert dlbooster.BACKENDS == ("auto", "cpu", "model", "sim")
+    assert dlbooster.BACKENDS == ("auto", "cpu", "model", "sim", "pynq", "xrt")
     assert isinstance(dlbooster.get_backend("cpu"), backends.CpuBackend)
     assert isinstance(dlbooster.get_backend("auto"), backends.CpuBackend)
     model_backend = dlbooster.get_backend("model", max_width=64)
@@ -404,11 +404,13 @@ def test_get_backend():
 
 def test_auto_logs_its_choice_once(caplog, monkeypatch):
     monkeypatch.setattr(backends, "_logged_auto", [])
+    monkeypatch.delenv("DLBOOSTER_BOARD", raising=False)
     with caplog.at_level(logging.INFO, logger="dlbooster"):
         dlbooster.get_backend("auto")
         dlbooster.get_backend("auto")
     assert [rec.getMessage() for rec in caplog.records
-            if "auto" in rec.getMessage()] == ["backend auto: no decoder board found, using cpu"]
+            if "auto" in rec.getMessage()] == [
+        "backend auto: no decoder board configured (DLBOOSTER_BOARD, DLBOOSTER_BINARY), using cpu"]
 
 
 def test_model_backend_stages():

@@ -1,0 +1,304 @@
+"""Board drivers: the decoder on PYNQ (Zynq) and Alveo (XRT) boards.
+
+Both are *transports* for :class:`dlbooster.device.DecoderDevice`, the driver that the
+simulated device runs in CI (register programming, job submission, completions):
+only register access, buffer allocation, waiting and reset differ.
+
+- :class:`PynqTransport`: a decoder IP in a ``pynq.Overlay`` (a ``.bit`` with its
+  ``.hwh`` on Zynq, or an ``.xclbin`` on Alveo through PYNQ's XRT support). The IP's
+  driver class is :func:`decoder_ip_class` (a ``pynq.DefaultIP`` bound to
+  :data:`dlbooster.hw.boards.VLNV`); buffers come from ``pynq.allocate`` (their
+  ``device_address``, ``flush``/``invalidate``); waiting uses the IP's interrupt pin
+  when PYNQ exposes it, else polls the interrupt status register.
+- :class:`XrtTransport`: XRT's Python binding ``pyxrt``: the kernel opened with
+  exclusive CU access (needed for ``read_register``/``write_register``), buffers as
+  ``pyxrt.bo`` in the memory bank of the kernel's master, ``sync`` for DMA.
+
+:func:`find_boards` lists what is present (``dlbooster devices``);
+:func:`open_board` loads a bitstream or xclbin and returns a started
+:class:`DecoderDevice` (``dlbooster flash``). Without pynq or pyxrt installed, or with
+no board, they raise :class:`BoardError` saying which.
+
+APIs: PYNQ 3.x documentation (Overlay, DefaultIP ``bindto``, ``allocate``,
+``Interrupt``), XRT native Python API ``pyxrt`` (device, xclbin, kernel, bo).
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import numpy as np
+
+from .device import DecoderDevice
+from .hw.boards import BOARDS, TOP, VLNV
+from .hw.regs import Reg
+
+__all__ = ["BoardError", "PynqTransport", "XrtTransport", "decoder_ip_class", "find_boards", "open_board"]
+
+
+class BoardError(RuntimeError):
+    """No board driver library, no board, or no decoder in the loaded design."""
+
+
+def _pynq():
+    try:
+        import pynq
+    except ImportError as exc:
+        raise BoardError("PYNQ is not installed (pip install pynq; on a board it comes with the "
+                         "PYNQ image)") from exc
+    return pynq
+
+
+def _pyxrt():
+    try:
+        import pyxrt
+    except ImportError as exc:
+        raise BoardError("XRT's Python binding pyxrt is not importable (install XRT and source "
+                         "/opt/xilinx/xrt/setup.sh)") from exc
+    return pyxrt
+
+
+_ip_class = None
+
+
+def decoder_ip_class():
+    """The ``pynq.DefaultIP`` subclass bound to the decoder's VLNV (made on first call,
+    which registers it with PYNQ so overlays loaded afterwards use it).
+
+    Raises:
+        BoardError: PYNQ is not installed.
+    """
+    global _ip_class
+    if _ip_class is None:
+        pynq = _pynq()
+
+        class DecoderIP(pynq.DefaultIP):
+            """The dlbooster decoder in a PYNQ overlay; :meth:`decoder` drives it."""
+
+            bindto = [VLNV]
+
+            def decoder(self) -> DecoderDevice:
+                """A started :class:`DecoderDevice` over this IP."""
+                device = DecoderDevice(PynqTransport(self))
+                device.start()
+                return device
+
+        _ip_class = DecoderIP
+    return _ip_class
+
+
+class _PynqBuffer:
+    """A ``pynq.allocate`` buffer as the transport interface wants it."""
+
+    def __init__(self, buffer):
+        self.buffer = buffer
+        self.array = buffer                 # a numpy array subclass
+        self.device_address = int(buffer.device_address)
+        self.size = buffer.nbytes
+
+    def sync_to_device(self) -> None:
+        self.buffer.flush()
+
+    def sync_from_device(self) -> None:
+        self.buffer.invalidate()
+
+    def free(self) -> None:
+        self.buffer.freebuffer()
+
+
+class PynqTransport:
+    """Register access, buffers and interrupts of a decoder IP in a PYNQ overlay.
+
+    Args:
+        ip: the overlay's decoder IP object (``overlay.<name>``, a ``DefaultIP``).
+        overlay: the ``pynq.Overlay``, needed by :meth:`reset` (None: reset unavailable).
+        clock_hz: the fabric clock, to turn ``wait``'s clock budget into seconds.
+        target: the memory bank for ``pynq.allocate`` on Alveo (None: the default).
+    """
+
+    name = "pynq"
+
+    def __init__(self, ip, overlay=None, clock_hz: float = 100e6, target=None):
+        self.ip, self.overlay, self.clock_hz, self.target = ip, overlay, clock_hz, target
+        self._interrupt = getattr(ip, "interrupt", None)
+
+    def read32(self, offset: int) -> int:
+        return int(self.ip.read(offset))
+
+    def write32(self, offset: int, value: int) -> None:
+        self.ip.write(offset, value & 0xFFFFFFFF)
+
+    def allocate(self, size: int, *, writable: bool = True) -> _PynqBuffer:
+        pynq = _pynq()
+        options = {"target": self.target} if self.target is not None else {}
+        return _PynqBuffer(pynq.allocate(shape=(size,), dtype=np.uint8, **options))
+
+    def wait(self, max_clocks: int = 1 << 28) -> bool:
+        """Block until the interrupt status register is non-zero, or ``max_clocks``
+        fabric clocks have passed (False)."""
+        deadline = time.monotonic() + max_clocks / self.clock_hz
+        if self._interrupt is not None:
+            import asyncio
+
+            async def wait_irq():
+                await asyncio.wait_for(self._interrupt.wait(), max(deadline - time.monotonic(), 0.0))
+            try:
+                if not self.read32(Reg.ISR):
+                    asyncio.run(wait_irq())
+            except TimeoutError:
+                pass
+            return bool(self.read32(Reg.ISR))
+        while not self.read32(Reg.ISR):
+            if time.monotonic() > deadline:
+                return False
+            time.sleep(20e-6)
+        return True
+
+    def reset(self) -> None:
+        """Reset the device by loading the bitstream again (the PL is reset on download).
+
+        Raises:
+            BoardError: the transport was made without its overlay.
+        """
+        if self.overlay is None:
+            raise BoardError("reset needs the overlay: PynqTransport(ip, overlay)")
+        self.overlay.download()
+
+
+class _XrtBuffer:
+    def __init__(self, pyxrt, bo, size: int):
+        self._pyxrt, self.bo, self.size = pyxrt, bo, size
+        self.array = np.frombuffer(bo.map(), dtype=np.uint8, count=size)
+        self.device_address = int(bo.address())
+
+    def sync_to_device(self) -> None:
+        self.bo.sync(self._pyxrt.xclBOSyncDirection.XCL_BO_SYNC_BO_TO_DEVICE, self.size, 0)
+
+    def sync_from_device(self) -> None:
+        self.bo.sync(self._pyxrt.xclBOSyncDirection.XCL_BO_SYNC_BO_FROM_DEVICE, self.size, 0)
+
+    def free(self) -> None:
+        self.array = None
+        self.bo = None
+
+
+class XrtTransport:
+    """The decoder as an XRT kernel on an Alveo card, through ``pyxrt``.
+
+    Args:
+        xclbin: the linked ``.xclbin`` (``v++ -l`` of the ``build --board alveo-*`` folder).
+        index: the card's XRT device index.
+        clock_hz: the kernel clock (for ``wait``'s clock budget).
+
+    Raises:
+        BoardError: pyxrt is missing, or the xclbin has no ``dlbooster_decoder`` kernel.
+    """
+
+    name = "xrt"
+
+    def __init__(self, xclbin: str | Path, index: int = 0, clock_hz: float = 300e6):
+        pyxrt = self._pyxrt = _pyxrt()
+        self.clock_hz = clock_hz
+        self.device = pyxrt.device(index)
+        binary = pyxrt.xclbin(str(xclbin))
+        if TOP not in [k.get_name() for k in binary.get_kernels()]:
+            raise BoardError(f"{xclbin} has no {TOP} kernel")
+        uuid = self.device.load_xclbin(binary)
+        # Exclusive access: the only way XRT allows register reads and writes on a CU.
+        self.kernel = pyxrt.kernel(self.device, uuid, TOP, pyxrt.kernel.cu_access_mode.exclusive)
+        self.group = self.kernel.group_id(0)      # the bank of m_axi_gmem (argument in_addr)
+
+    def read32(self, offset: int) -> int:
+        return int(self.kernel.read_register(offset))
+
+    def write32(self, offset: int, value: int) -> None:
+        self.kernel.write_register(offset, value & 0xFFFFFFFF)
+
+    def allocate(self, size: int, *, writable: bool = True) -> _XrtBuffer:
+        bo = self._pyxrt.bo(self.device, max(size, 4096), self._pyxrt.bo.normal, self.group)
+        return _XrtBuffer(self._pyxrt, bo, size)
+
+    def wait(self, max_clocks: int = 1 << 28) -> bool:
+        """Poll the interrupt status register (XRT gives user interrupts of an
+        ``ap_ctrl_hs`` kernel only to its own scheduler)."""
+        deadline = time.monotonic() + max_clocks / self.clock_hz
+        while not self.read32(Reg.ISR):
+            if time.monotonic() > deadline:
+                return False
+            time.sleep(20e-6)
+        return True
+
+    def reset(self) -> None:
+        """XRT has no per-kernel reset for user code: stop the device (clear
+        ``AP_START``) and drain its completions; a hung card needs ``xbutil reset``."""
+        self.write32(Reg.AP_CTRL, 0)
+        while self.read32(Reg.DONE_COUNT):
+            self.write32(Reg.DONE_POP, 1)
+
+
+def find_boards() -> list[dict]:
+    """Boards with a driver present: ``{"driver", "name", "index"}`` per device
+    (PYNQ's ``Device.devices`` and XRT's ``enumerate_devices``); empty when neither
+    library is installed or nothing is attached."""
+    found = []
+    try:
+        pynq = _pynq()
+        for n, dev in enumerate(pynq.Device.devices):
+            found.append({"driver": "pynq", "name": getattr(dev, "name", str(dev)), "index": n})
+    except Exception:  # no PYNQ, or a PYNQ without a board raising from its probes
+        pass
+    if not any(b["driver"] == "pynq" for b in found):
+        try:
+            pyxrt = _pyxrt()
+            for n in range(pyxrt.enumerate_devices()):
+                name = pyxrt.device(n).get_info(pyxrt.xrt_info_device.name)
+                found.append({"driver": "xrt", "name": name, "index": n})
+        except Exception:  # no pyxrt, or no XRT driver loaded
+            pass
+    return found
+
+
+def open_board(board: str, binary: str | Path) -> DecoderDevice:
+    """Load ``binary`` (a ``.bit`` with its ``.hwh`` beside it, or an ``.xclbin``) on
+    ``board`` and return a started :class:`DecoderDevice`.
+
+    Raises:
+        BoardError: unknown board, missing file, missing driver library or board, or
+            no decoder in the design.
+    """
+    if board not in BOARDS:
+        raise BoardError(f"unknown board {board!r}; choose from {', '.join(BOARDS)}")
+    binary = Path(binary)
+    if not binary.is_file():
+        raise BoardError(f"{binary}: no such file")
+    spec = BOARDS[board]
+    if spec.kind == "alveo" and binary.suffix == ".xclbin":
+        try:
+            transport = XrtTransport(binary, clock_hz=spec.clock_mhz * 1e6)
+        except BoardError as exc:
+            if "pyxrt" not in str(exc):
+                raise
+            try:
+                transport = _pynq_transport(binary, spec)  # PYNQ's XRT support instead
+            except BoardError as pynq_exc:
+                raise BoardError(f"{exc}; {pynq_exc}") from pynq_exc
+    else:
+        if binary.suffix == ".bit" and not binary.with_suffix(".hwh").is_file():
+            raise BoardError(f"{binary.with_suffix('.hwh')} is missing: PYNQ needs it beside the .bit")
+        transport = _pynq_transport(binary, spec)
+    device = DecoderDevice(transport)
+    device.start()
+    return device
+
+
+def _pynq_transport(binary: Path, spec) -> PynqTransport:
+    pynq = _pynq()
+    decoder_ip_class()
+    if not pynq.Device.devices:
+        raise BoardError("PYNQ finds no board on this machine")
+    overlay = pynq.Overlay(str(binary))
+    for name, info in overlay.ip_dict.items():
+        if info.get("type") == VLNV:
+            return PynqTransport(getattr(overlay, name), overlay, clock_hz=spec.clock_mhz * 1e6)
+    raise BoardError(f"{binary}: no IP of type {VLNV} in the design")

@@ -1,0 +1,61 @@
+"""Board drivers (dlbooster.boards) on a machine without boards: every way of not having
+one gives a clear error naming what is missing. The register protocol they run is
+DecoderDevice's, tested against the simulated device (tests/test_device_sim.py)."""
+
+from __future__ import annotations
+
+import importlib.util
+
+import pytest
+
+from dlbooster.backends import get_backend
+from dlbooster.boards import BoardError, decoder_ip_class, find_boards, open_board
+from dlbooster.cli import main
+
+HAVE_PYNQ = importlib.util.find_spec("pynq") is not None
+HAVE_PYXRT = importlib.util.find_spec("pyxrt") is not None
+no_drivers = pytest.mark.skipif(HAVE_PYNQ or HAVE_PYXRT, reason="a board driver library is installed")
+
+
+def test_bad_board_and_missing_files(tmp_path):
+    with pytest.raises(BoardError, match="unknown board"):
+        open_board("pynq-z9", tmp_path / "x.bit")
+    with pytest.raises(BoardError, match="no such file"):
+        open_board("pynq-z2", tmp_path / "x.bit")
+    (tmp_path / "x.bit").write_bytes(b"\0")
+    with pytest.raises(BoardError, match=r"x\.hwh is missing"):
+        open_board("pynq-z2", tmp_path / "x.bit")
+
+
+@no_drivers
+def test_no_driver_library(tmp_path):
+    (tmp_path / "x.bit").write_bytes(b"\0")
+    (tmp_path / "x.hwh").write_text("<xml/>")
+    (tmp_path / "x.xclbin").write_bytes(b"\0")
+    with pytest.raises(BoardError, match="PYNQ is not installed"):
+        open_board("zcu104", tmp_path / "x.bit")
+    with pytest.raises(BoardError, match="pyxrt is not importable.*PYNQ is not installed"):
+        open_board("alveo-u250", tmp_path / "x.xclbin")
+    with pytest.raises(BoardError, match="PYNQ is not installed"):
+        decoder_ip_class()
+    assert find_boards() == []
+
+
+def test_board_backends_need_a_board_and_binary(monkeypatch, tmp_path):
+    monkeypatch.delenv("DLBOOSTER_BOARD", raising=False)
+    monkeypatch.delenv("DLBOOSTER_BINARY", raising=False)
+    with pytest.raises(ValueError, match="needs board= and binary="):
+        get_backend("pynq")
+    assert get_backend("auto").name == "cpu"
+    monkeypatch.setenv("DLBOOSTER_BOARD", "alveo-u50")
+    monkeypatch.setenv("DLBOOSTER_BINARY", str(tmp_path / "missing.xclbin"))
+    with pytest.raises(BoardError, match="no such file"):
+        get_backend("auto")
+
+
+def test_cli_flash_and_devices(tmp_path, capsys):
+    assert main(["flash", "--board", "pynq-z2", str(tmp_path / "none.bit")]) == 1
+    assert "no such file" in capsys.readouterr().err
+    assert main(["devices"]) == 0
+    out = capsys.readouterr().out
+    assert ("no decoder boards found" in out) == (not find_boards())
