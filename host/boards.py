@@ -88,6 +88,16 @@ def decoder_ip_class():
     return _ip_class
 
 
+def _poll_isr(transport, deadline: float) -> bool:
+    """Poll the interrupt status register until it is non-zero (True) or ``deadline``
+    (``time.monotonic()`` seconds) passes (False)."""
+    while not transport.read32(Reg.ISR):
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(20e-6)
+    return True
+
+
 class _PynqBuffer:
     """A ``pynq.allocate`` buffer as the transport interface wants it."""
 
@@ -149,11 +159,7 @@ class PynqTransport:
             except TimeoutError:
                 pass
             return bool(self.read32(Reg.ISR))
-        while not self.read32(Reg.ISR):
-            if time.monotonic() > deadline:
-                return False
-            time.sleep(20e-6)
-        return True
+        return _poll_isr(self, deadline)
 
     def reset(self) -> None:
         """Reset the device by loading the bitstream again (the PL is reset on download).
@@ -222,12 +228,7 @@ class XrtTransport:
     def wait(self, max_clocks: int = 1 << 28) -> bool:
         """Poll the interrupt status register (XRT gives user interrupts of an
         ``ap_ctrl_hs`` kernel only to its own scheduler)."""
-        deadline = time.monotonic() + max_clocks / self.clock_hz
-        while not self.read32(Reg.ISR):
-            if time.monotonic() > deadline:
-                return False
-            time.sleep(20e-6)
-        return True
+        return _poll_isr(self, time.monotonic() + max_clocks / self.clock_hz)
 
     def reset(self) -> None:
         """XRT has no per-kernel reset for user code: stop the device (clear
