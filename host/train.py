@@ -235,12 +235,6 @@ def train(config: TrainConfig, *, on_epoch=None, on_step=None) -> dict:
 
     import torch
     import torchvision
-    from torch import nn
-
-    from .loader import Loader
-    from .schedule import SplitBackward
-    from .trace import Trace
-    from .transforms import eval_transform, train_transform
 
     if config.backward not in ("autograd", "split"):
         raise ValueError(f"backward must be 'autograd' or 'split', not {config.backward!r}")
@@ -267,16 +261,23 @@ def train(config: TrainConfig, *, on_epoch=None, on_step=None) -> dict:
             if not root.is_dir():
                 raise FileNotFoundError(f"{root}: no such folder")
         train_samples, val_samples, classes = _split(root)
-        return _run(config, device, dist, train_samples, val_samples, classes, on_epoch, on_step,
-                    torch, torchvision, nn, Loader, SplitBackward, Trace, train_transform, eval_transform)
+        return _run(config, device, dist, train_samples, val_samples, classes, on_epoch, on_step)
     finally:
         dist.close()
         if tmp is not None:
             shutil.rmtree(tmp, ignore_errors=True)
 
 
-def _run(config, device, dist, train_samples, val_samples, classes, on_epoch, on_step,
-         torch, torchvision, nn, Loader, SplitBackward, Trace, train_transform, eval_transform) -> dict:
+def _run(config, device, dist, train_samples, val_samples, classes, on_epoch, on_step) -> dict:
+    import torch
+    import torchvision
+    from torch import nn
+
+    from .loader import Loader
+    from .schedule import SplitBackward
+    from .trace import Trace
+    from .transforms import eval_transform, train_transform
+
     torch.manual_seed(config.seed)
     # Inception-style models return auxiliary outputs in training mode unless told not to.
     extra = {"aux_logits": False} if config.model in ("googlenet", "inception_v3") else {}
