@@ -58,6 +58,7 @@ pass waits on the host for the timing events.
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable
 
 import torch
@@ -434,11 +435,7 @@ class SplitBackward:
             self._mains.clear()
         self._held.clear()
         if self._reducer is not None:
-            if self._streams:
-                ctx = torch.cuda.stream(torch.cuda.current_stream())
-            else:
-                ctx = _null()
-            with ctx, self._span("all-reduce wait", "comm"):
+            with self._span("all-reduce wait", "comm"):
                 self._reducer.finish()
         if self._gpu_spans:
             self.trace.cuda_spans(self._gpu_spans)
@@ -453,13 +450,5 @@ class SplitBackward:
 
     def _span(self, name: str, cat: str):
         if self.trace is None:
-            return _null()
+            return contextlib.nullcontext()
         return self.trace.span(name, cat)
-
-
-class _null:
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        return False
