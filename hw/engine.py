@@ -49,7 +49,7 @@ class LaneEngine(wiring.Component):
         index: this lane's number (reported in completions).
         max_width: widest image, in pixels.
         data_width: memory bus width, bits.
-        idct_lanes: the IDCT's rows per clock.
+        idct_lanes: the IDCT's rows per clock (see :class:`dlbooster.hw.device.Device`).
 
     Ports:
         job: :data:`Job` stream (taken only while the engine is idle).
@@ -59,7 +59,7 @@ class LaneEngine(wiring.Component):
         busy: a job (or its outstanding transactions) holds the engine.
     """
 
-    def __init__(self, index: int = 0, max_width: int = 8192, data_width: int = 128, idct_lanes: int = 4):
+    def __init__(self, index: int = 0, max_width: int = 8192, data_width: int = 128, idct_lanes: int = 2):
         self.index, self.max_width, self.data_width, self.idct_lanes = index, max_width, data_width, idct_lanes
         super().__init__({
             "job": In(stream.Signature(Job)),

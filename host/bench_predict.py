@@ -1,0 +1,115 @@
+"""``dlbooster predict validate``: the predictor against measured iteration times.
+
+A measured iteration is what :func:`dlbooster.predict.workload` records: forward,
+cross-entropy, backward and an SGD step (momentum 0.9, weight decay 1e-4) of a randomly
+initialised torchvision model on a fixed random batch. With one process it uses every
+core; with ``procs`` processes (gloo, ``DistributedDataParallel``, as ``torchrun`` would
+start them on this machine) each uses ``cores / procs`` threads. Reported per
+configuration: the median of ``iterations`` timed iterations after ``warmup`` untimed
+ones (rank 0's clock; DDP's all-reduce keeps the ranks in step), the prediction from the
+calibrated profile for that process count, and the absolute percentage error.
+"""
+
+from __future__ import annotations
+
+import os
+import statistics
+import time
+
+__all__ = ["measure_iteration", "validate"]
+
+
+def _build(model: str, image_size: int):
+    import torchvision
+
+    kwargs = {"aux_logits": False, "init_weights": False} if model in ("googlenet", "inception_v3") else {}
+    return getattr(torchvision.models, model)(**kwargs)
+
+
+def _time_steps(net, batch_size: int, image_size: int, iterations: int, warmup: int) -> list[float]:
+    import torch
+    import torch.nn.functional as F
+
+    torch.manual_seed(0)
+    x = torch.randn(batch_size, 3, image_size, image_size)
+    y = torch.randint(0, 1000, (batch_size,))
+    optimizer = torch.optim.SGD(net.parameters(), lr=0.01, momentum=0.9, weight_decay=1e-4)
+    times = []
+    for step in range(warmup + iterations):
+        start = time.perf_counter()
+        loss = F.cross_entropy(net(x), y)
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        if step >= warmup:
+            times.append(time.perf_counter() - start)
+    return times
+
+
+def _worker(rank, procs, port, queue, threads, model, batch_size, image_size, iterations, warmup):
+    import torch
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel
+
+    torch.set_num_threads(threads)
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    dist.init_process_group("gloo", rank=rank, world_size=procs)
+    try:
+        torch.manual_seed(0)
+        net = DistributedDataParallel(_build(model, image_size))
+        times = _time_steps(net, batch_size, image_size, iterations, warmup)
+        if rank == 0:
+            queue.put(times)
+    finally:
+        dist.destroy_process_group()
+
+
+def measure_iteration(model: str, batch_size: int, *, image_size: int = 128, procs: int = 1,
+                      iterations: int = 5, warmup: int = 2) -> float:
+    """Median seconds of one training iteration (see the module docstring)."""
+    import torch
+
+    cores = os.cpu_count() or 1
+    if procs == 1:
+        torch.set_num_threads(cores)
+        torch.manual_seed(0)
+        return statistics.median(_time_steps(_build(model, image_size), batch_size, image_size,
+                                             iterations, warmup))
+    from .predict import run_ranks
+
+    return statistics.median(run_ranks(_worker, procs, max(1, cores // procs), model, batch_size, image_size,
+                                       iterations, warmup))
+
+
+def validate(models, batch_sizes, *, procs=(1, 2), image_size: int = 128, iterations: int = 5,
+             warmup: int = 2, progress=None) -> dict:
+    """Measured against predicted iteration time for every model x batch size x process
+    count, with the calibrated ``cpu-p{procs}`` profiles.
+
+    Returns:
+        ``{"rows": [{"model", "batch_size", "procs", "measured_s", "predicted_s",
+        "error_pct"}, ...], "mean_error_pct", "worst_error_pct", "profiles": {...}}``.
+
+    Raises:
+        FileNotFoundError: a profile is missing (``dlbooster predict calibrate --procs N``).
+    """
+    from .predict import load_profile, predict, workload
+
+    profiles = {p: load_profile("cpu", procs=p) for p in procs}
+    rows = []
+    for model in models:
+        for batch in batch_sizes:
+            work = workload(model, batch, image_size=image_size)
+            for p in procs:
+                predicted = predict(work, profiles[p], gpus=p)["iteration_s"]
+                measured = measure_iteration(model, batch, image_size=image_size, procs=p,
+                                             iterations=iterations, warmup=warmup)
+                row = {"model": model, "batch_size": batch, "procs": p, "measured_s": measured,
+                       "predicted_s": predicted, "error_pct": 100 * abs(predicted - measured) / measured}
+                rows.append(row)
+                if progress:
+                    progress(row)
+    errors = [r["error_pct"] for r in rows]
+    return {"image_size": image_size, "rows": rows, "mean_error_pct": statistics.mean(errors),
+            "worst_error_pct": max(errors),
+            "profiles": {p: profiles[p].source for p in procs}}

@@ -1,0 +1,883 @@
+"""Iteration-time predictor and capacity planner (``dlbooster predict``).
+
+After Pei et al., "Iteration Time Prediction for CNN in Multi-GPU Platform" (IEEE Access
+2019): the iteration time of data-parallel CNN training predicted from the model's
+per-layer work, a device profile and the network, with the limiting stage named.
+
+- Work (:func:`workload`): the real torchvision model runs one training step (forward,
+  cross-entropy, backward, SGD with momentum and weight decay) on PyTorch's ``meta``
+  device, which computes shapes but no values, under a dispatch mode that records every
+  ATen operator with its tensors. Convolutions and matrix products get their FLOPs
+  (``2 * N * Cout * Ho * Wo * Cin / groups * kh * kw``; the backward's input gradient and
+  weight gradient, ``convolution_backward``'s output mask, each as much as the forward)
+  and their matrix-product dimensions (im2col form), every other operator the bytes it
+  reads and writes; views move nothing. Gradient
+  readiness (which backward operator completes each parameter's gradient) is recorded
+  too, for the communication overlap.
+- Device (:class:`Profile`): per-operator cost functions. ``dlbooster predict calibrate``
+  measures them on the machine at hand by timing representative kernels (convolutions of
+  a seeded random shape grid, not the validated models' layers; memory-bound operators
+  at several sizes; all-reduces between local processes); shipped GPU profiles come from
+  public peak figures and are marked as such.
+- Communication: gradients in DistributedDataParallel's buckets (in the order they
+  become ready, as DDP rebuilds them after its first iteration; 1 MiB first bucket,
+  25 MiB after), each all-reduced by a ring as soon as its last gradient is ready:
+  ``2 (p - 1) latency + 2 (p - 1) / p * bytes / bandwidth``, bandwidth the slower of the
+  intra-node link and, with several nodes, the network. Communication under the
+  backward is hidden as far as the profile's ``overlap`` says. ``split``
+  (:class:`dlbooster.schedule.SplitBackward`) adds its measured CPU overhead; its GPU
+  side streams are not modelled as faster (not yet measured on a GPU).
+- Input: the decoder's rate (``LANESxMHZ``: lanes x clock / clocks per image, the lane's
+  measured clocks per ImageNet photo, :data:`dlbooster.hw.synth.IMAGENET_CLOCKS`) or a CPU
+  decode rate per core, and the host runtime's cost per image.
+
+The iteration takes the longest of compute plus exposed communication, decode and host
+work; that stage is the bottleneck.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+__all__ = ["HOST_US_PER_IMAGE", "Op", "Profile", "SHIPPED_PROFILES", "Workload", "buckets", "calibrate",
+           "load_profile", "op_time", "parse_decoder", "predict", "profile_dir", "run_ranks", "workload"]
+
+#: Operators that only make views or metadata: no bytes moved.
+_VIEWS = {"view", "_unsafe_view", "t", "detach", "slice", "expand", "as_strided", "transpose",
+          "permute", "unsqueeze", "squeeze", "reshape", "alias", "select", "split", "split_with_sizes",
+          "chunk", "unbind", "narrow", "empty", "empty_like", "empty_strided", "new_empty",
+          "new_empty_strided", "lift_fresh", "_reshape_alias", "unflatten", "flatten",
+          "_record_function_enter_new", "_record_function_exit"}
+
+#: Host runtime cost per image, microseconds: ``dlbooster bench host`` (docs/benchmarks.md,
+#: issue 7, median of three epochs on the 2-core build machine).
+HOST_US_PER_IMAGE = 254.0
+
+_CONV = "convolution"
+_CONV_BWD = "convolution_backward"
+_GEMM = {"mm", "addmm", "bmm", "matmul"}
+
+
+@dataclass
+class Op:
+    """One recorded operator.
+
+    Attributes:
+        phase: ``forward``, ``backward`` or ``optimizer``.
+        name: the ATen operator (overload packet name).
+        kind: ``conv``, ``dgrad`` (input gradient), ``wgrad`` (weight gradient),
+            ``gemm``, ``memory`` or ``view``.
+        flops: floating-point operations (conv, dgrad, wgrad, gemm).
+        bytes: bytes read and written (tensors in and out).
+        conv_class: the convolution's class (``k1``, ``k3``, ``kn``, ``dw``, ``group``).
+        grads: parameter indices whose gradient this operator completes (backward).
+        dims: ``[M, N, K]`` of the matrix product (a convolution's im2col form:
+            ``M = batch * Ho * Wo``, ``N = Cout``, ``K = Cin / groups * kh * kw``).
+    """
+
+    phase: str
+    name: str
+    kind: str
+    flops: float = 0.0
+    bytes: float = 0.0
+    conv_class: str = ""
+    grads: list = field(default_factory=list)
+    dims: list = field(default_factory=list)
+
+
+@dataclass
+class Workload:
+    """One training iteration of a model at a batch size, as operators.
+
+    Attributes:
+        model, batch_size, image_size: what was recorded.
+        ops: the operators in execution order.
+        param_bytes: bytes of each parameter's gradient, in ``model.parameters()`` order.
+    """
+
+    model: str
+    batch_size: int
+    image_size: int
+    ops: list
+    param_bytes: list
+
+    @property
+    def gradient_bytes(self) -> int:
+        return sum(self.param_bytes)
+
+    def flops(self, phase: str | None = None) -> float:
+        return sum(o.flops for o in self.ops if phase in (None, o.phase))
+
+
+def conv_class(kernel: tuple, groups: int, in_channels: int) -> str:
+    """Class of a convolution for the cost model: depthwise, grouped, or dense by kernel
+    size (1x1, up to 3x3, larger)."""
+    if groups > 1:
+        return "dw" if groups == in_channels else "group"
+    k = max(kernel)
+    return "k1" if k == 1 else "k3" if k <= 3 else "kn"
+
+
+def _nbytes(tree) -> int:
+    import torch
+    from torch.utils._pytree import tree_leaves
+
+    return sum(t.numel() * t.element_size() for t in tree_leaves(tree) if isinstance(t, torch.Tensor))
+
+
+def _conv_dims(w_shape, out_shape) -> list:
+    """``[M, N, K]`` of a convolution (see :class:`Op`)."""
+    return [out_shape[0] * math.prod(out_shape[2:]), out_shape[1], math.prod(w_shape[1:])]
+
+
+def _record(func, args, kwargs, out, phase) -> Op:
+    name = func.overloadpacket.__name__
+    if name in _VIEWS:
+        return Op(phase, name, "view")
+    moved = _nbytes((args, kwargs)) + _nbytes(out)
+    if name.endswith("_") and out is None:
+        # In-place multi-tensor kernels return nothing; they write what they read.
+        moved += _nbytes(args[0])
+    if name == _CONV:
+        x, w = args[0], args[1]
+        dims = _conv_dims(w.shape, out.shape)
+        return Op(phase, name, "conv", 2.0 * math.prod(dims), moved,
+                  conv_class(tuple(w.shape[2:]), args[8], x.shape[1]), dims=dims)
+    if name == _CONV_BWD:
+        grad_out, x, w = args[0], args[1], args[2]
+        groups, mask = args[9], args[10]
+        dims = _conv_dims(w.shape, grad_out.shape)
+        cls = conv_class(tuple(w.shape[2:]), groups, x.shape[1])
+        # One op per gradient it computes: each is priced on its own.
+        ops = []
+        if mask[0]:
+            ops.append(Op(phase, name, "dgrad", 2.0 * math.prod(dims), _nbytes((grad_out, w)) + _nbytes(x),
+                          cls, dims=dims))
+        if mask[1]:
+            ops.append(Op(phase, name, "wgrad", 2.0 * math.prod(dims), _nbytes((grad_out, x)) + _nbytes(w),
+                          cls, dims=dims))
+        return ops or [Op(phase, name, "memory", 0.0, moved)]
+    if name in _GEMM:
+        shapes = [a.shape for a in args if hasattr(a, "shape")]
+        a, b = shapes[-2], shapes[-1]
+        dims = [math.prod(a[:-1]), b[-1], a[-1]]
+        return Op(phase, name, "gemm", 2.0 * math.prod(dims), moved, dims=dims)
+    return Op(phase, name, "memory", 0.0, moved)
+
+
+def workload(model: str, batch_size: int, *, image_size: int = 224, num_classes: int = 1000,
+             momentum: float = 0.9, weight_decay: float = 1e-4, foreach: bool = False) -> Workload:
+    """Record one training iteration of torchvision's ``model`` (see the module docstring).
+
+    Args:
+        model: a torchvision classification model name (``resnet50``, ``vgg11``, ...).
+        batch_size: images per iteration per process.
+        image_size: square input side, pixels.
+        num_classes: the classifier's outputs.
+        momentum, weight_decay: the SGD step's settings (they decide its operators).
+        foreach: record the SGD step's multi-tensor form (PyTorch's default on CUDA;
+            on the CPU it updates one parameter at a time).
+
+    Returns:
+        :class:`Workload`; no memory is allocated for activations (meta tensors).
+
+    Raises:
+        ValueError: not a torchvision classification model.
+    """
+    import torch
+    import torchvision
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    builder = getattr(torchvision.models, model, None)
+    if builder is None or model.startswith("_") or not callable(builder):
+        raise ValueError(f"not a torchvision model: {model!r}")
+    kwargs = {"num_classes": num_classes}
+    if model in ("googlenet", "inception_v3"):
+        kwargs.update(aux_logits=False, init_weights=False)
+    with torch.device("meta"):
+        net = builder(**kwargs)
+    net.train()
+    params = [p for p in net.parameters() if p.requires_grad]
+    ops: list[Op] = []
+    state = {"phase": "forward"}
+
+    class Recorder(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            out = func(*args, **(kwargs or {}))
+            rec = _record(func, args, kwargs or {}, out, state["phase"])
+            ops.extend(rec if isinstance(rec, list) else [rec])
+            return out
+
+    def ready(index):
+        def hook(_):
+            for o in reversed(ops):
+                if o.phase == "backward":
+                    o.grads.append(index)
+                    break
+        return hook
+
+    handles = [p.register_post_accumulate_grad_hook(ready(i)) for i, p in enumerate(params)]
+    x = torch.empty(batch_size, 3, image_size, image_size, device="meta")
+    y = torch.zeros(batch_size, dtype=torch.long, device="meta")
+    optimizer = torch.optim.SGD(params, lr=0.1, momentum=momentum, weight_decay=weight_decay, foreach=foreach)
+    # A first step outside the recording creates the momentum buffers (a one-off clone).
+    net(x).sum().backward()
+    optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+    with Recorder():
+        loss = torch.nn.functional.cross_entropy(net(x), y)
+        state["phase"] = "backward"
+        loss.backward()
+        state["phase"] = "optimizer"
+        optimizer.step()
+    for h in handles:
+        h.remove()
+    return Workload(model, batch_size, image_size, ops, [p.numel() * p.element_size() for p in params])
+
+
+# --------------------------------------------------------------------------- profiles
+
+@dataclass
+class Profile:
+    """Cost functions of one device (all times in seconds, sizes in bytes).
+
+    Attributes:
+        name, kind: profile name; ``cpu`` or ``gpu``.
+        source: how the figures were obtained (``measured ...`` by :func:`calibrate`, or
+            ``public peak figures ...``).
+        threads, procs: threads per process and processes running at once when measured.
+        conv: ``{"conv:k3": cost, "dgrad:dw": cost, ...}`` per kernel kind and class;
+            ``gemm``: the matrix-product cost. A cost is ``{"dims": [a, m, n, k, b]}``
+            (``log t = a + m log M + n log N + k log K + b log bytes`` over the product's
+            dimensions, :class:`Op` ``dims``; fitted to measurements) or
+            ``{"roof": [t0, flops/s, bytes/s]}`` (``t0 + max(flops / rate, bytes / bw)``).
+        memory: ``{operator: cost}``, a cost being ``[t0, bytes/s]`` or a measured
+            table ``[[bytes, ...], [seconds, ...]]`` (:func:`_memory_time`); ``"*"``
+            prices unlisted operators.
+        view: seconds per view operator (dispatch only).
+        allreduce: ``[latency, bytes/s]`` of the ring all-reduce between this device's
+            processes on one node (``2 (p - 1) latency + 2 (p - 1) / p * bytes / rate``).
+        overlap: share of the all-reduce time under backward compute that is hidden (a
+            measured CPU profile: 0, gloo's work competes for the cores the backward
+            uses; a GPU: 1, NCCL runs on its own stream).
+        decode_per_core: JPEG decodes per second per host core (ImageNet-sized photo).
+        host_us_per_image: host runtime cost per image, microseconds (``bench host``).
+    """
+
+    name: str
+    kind: str
+    source: str
+    threads: int
+    procs: int
+    conv: dict
+    gemm: dict
+    memory: dict
+    view: float
+    allreduce: list
+    overlap: float
+    decode_per_core: float
+    host_us_per_image: float
+
+    def save(self, path: str | os.PathLike) -> Path:
+        path = Path(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(asdict(self), indent=1) + "\n")
+        return path
+
+
+def _cost(spec: dict, op: Op) -> float:
+    if "dims" in spec:
+        a, *b = spec["dims"]
+        logs = [math.log(max(v, 1.0)) for v in (*op.dims, op.bytes)]
+        return math.exp(a + sum(c * v for c, v in zip(b, logs)))
+    t0, rate, bw = spec["roof"]
+    return t0 + max(op.flops / rate, op.bytes / bw)
+
+
+def op_time(profile: Profile, op: Op) -> float:
+    """Predicted seconds of one operator on ``profile``."""
+    if op.kind == "view":
+        return profile.view
+    if op.kind in ("conv", "dgrad", "wgrad"):
+        spec = profile.conv.get(f"{op.kind}:{op.conv_class}") or profile.conv[f"{op.kind}:k3"]
+        return _cost(spec, op)
+    if op.kind == "gemm":
+        return _cost(profile.gemm, op)
+    return _memory_time(profile.memory.get(op.name) or profile.memory["*"], op.bytes)
+
+
+def _memory_time(spec: list, nbytes: float) -> float:
+    """``[t0, bytes/s]``, or a measured table ``[[bytes...], [seconds...]]`` interpolated
+    linearly in log-log; below its smallest size its first time, above its largest in
+    proportion to the bytes (bandwidth bound)."""
+    if not isinstance(spec[0], list):
+        t0, bw = spec
+        return t0 + nbytes / bw
+    sizes, times = spec
+    if nbytes <= sizes[0]:
+        return times[0]
+    if nbytes >= sizes[-1]:
+        return times[-1] * nbytes / sizes[-1]
+    hi = next(i for i, size in enumerate(sizes) if nbytes <= size)
+    x0, x1 = math.log(sizes[hi - 1]), math.log(sizes[hi])
+    y0, y1 = math.log(times[hi - 1]), math.log(times[hi])
+    return math.exp(y0 + (y1 - y0) * (math.log(nbytes) - x0) / (x1 - x0))
+
+
+# --------------------------------------------------------------------------- calibration
+
+def _timed(fn, *, min_seconds: float = 0.01, reps: int = 3) -> float:
+    """Median seconds of ``fn()`` after one warm-up call, over ``reps`` samples of at
+    least ``min_seconds`` each (short kernels are looped)."""
+    fn()
+    start = time.perf_counter()
+    fn()
+    once = max(time.perf_counter() - start, 1e-7)
+    loops = max(1, int(min_seconds / once))
+    samples = []
+    for _ in range(reps):
+        start = time.perf_counter()
+        for _ in range(loops):
+            fn()
+        samples.append((time.perf_counter() - start) / loops)
+    samples.sort()
+    return samples[len(samples) // 2]
+
+
+def _conv_shapes(cls: str, rng, count: int, max_flops: float) -> list:
+    """A seeded grid of convolution shapes of class ``cls``: (N, Cin, H, Cout, k, stride, groups)."""
+    channels = [16, 24, 32, 48, 64, 96, 128, 160, 192, 256, 320, 384, 512]
+    sizes = [7, 14, 28, 56, 112]
+    shapes = []
+    while len(shapes) < count:
+        n = int(rng.choice([1, 2, 4, 8, 16, 32]))
+        h = int(rng.choice(sizes))
+        cin, cout = int(rng.choice(channels)), int(rng.choice(channels))
+        stride = int(rng.choice([1, 1, 1, 2]))
+        groups = 1
+        if cls == "k1":
+            k = 1
+        elif cls == "k3":
+            k = 3
+        elif cls == "kn":
+            k = int(rng.choice([5, 7, 11]))
+            if rng.random() < 0.3:
+                cin = 3                 # a stem convolution on the image
+            h = int(rng.choice([28, 56, 112, 224]))
+        elif cls == "dw":
+            k = int(rng.choice([3, 5]))
+            cout = groups = cin
+        else:
+            k = int(rng.choice([1, 3]))
+            groups = int(rng.choice([2, 4, 8]))
+            cin, cout = cin - cin % groups, cout - cout % groups
+        ho = (h + 2 * (k // 2) - k) // stride + 1
+        flops = 2.0 * n * cout * ho * ho * (cin // groups) * k * k
+        if 1e5 <= flops <= max_flops:
+            shapes.append((n, cin, h, cout, k, stride, groups))
+    return shapes
+
+
+def _fit_dims(samples: list) -> dict:
+    """Least squares of ``log t`` on ``1, log M, log N, log K, log bytes`` over
+    ``((M, N, K), bytes, t)`` samples."""
+    import numpy as np
+
+    a = np.array([[1.0, *(math.log(v) for v in dims), math.log(b)] for dims, b, _ in samples])
+    y = np.array([math.log(t) for _, _, t in samples])
+    coef, *_ = np.linalg.lstsq(a, y, rcond=None)
+    return {"dims": [float(c) for c in coef]}
+
+
+def _fit_linear(samples: list) -> list:
+    """``t = t0 + bytes / bw`` over (bytes, t), weighted for relative error; t0, bw >= 0."""
+    import numpy as np
+
+    b = np.array([s[0] for s in samples], dtype=float)
+    t = np.array([s[1] for s in samples], dtype=float)
+    w = 1.0 / t
+    a = np.stack([w, b * w], axis=1)
+    (t0, inv_bw), *_ = np.linalg.lstsq(a, np.ones_like(t), rcond=None)
+    if inv_bw <= 0:
+        inv_bw = float(np.median(t / b))
+    return [max(float(t0), 0.0), 1.0 / float(inv_bw)]
+
+
+def _memory_kernels(torch):
+    """(operator name, builder(elements) -> (fn, recorded op name)) for the memory-bound
+    operators CNN training runs; each fn is one call of that operator."""
+    aten = torch.ops.aten
+    F = torch.nn.functional
+
+    def t(n):
+        """About n elements as (N, 64, H, H): H up to 56, then more images."""
+        h = min(56, max(1, int(math.sqrt(n / 64))))
+        return torch.randn(max(1, n // (64 * h * h)), 64, h, h)
+
+    def bn(n):
+        x = t(n)
+        c = x.shape[1]
+        rm, rv, w, b = torch.zeros(c), torch.ones(c), torch.ones(c), torch.zeros(c)
+        return x, rm, rv, w, b
+
+    def bn_bwd(n):
+        x, rm, rv, w, b = bn(n)
+        out, mean, invstd = aten.native_batch_norm(x, w, b, rm, rv, True, 0.1, 1e-5)
+        g = torch.randn_like(x)
+        return lambda: aten.native_batch_norm_backward(g, x, w, rm, rv, mean, invstd, True, 1e-5,
+                                                       [True, True, True])
+
+    def pool_bwd(n):
+        x = t(n)
+        out, idx = aten.max_pool2d_with_indices(x, [3, 3], [2, 2], [1, 1])
+        g = torch.randn_like(out)
+        return lambda: aten.max_pool2d_with_indices_backward(g, x, [3, 3], [2, 2], [1, 1], [1, 1], False, idx)
+
+    def two(n):
+        return t(n), t(n)
+
+    return {
+        "relu_": lambda n: (lambda x=t(n): torch.relu_(x)),
+        "threshold_backward": lambda n: (lambda g=t(n), x=t(n): aten.threshold_backward(g, x, 0)),
+        "add": lambda n: (lambda xy=two(n): xy[0] + xy[1]),
+        "add_": lambda n: (lambda xy=two(n): xy[0].add_(xy[1], alpha=0.5)),
+        "mul_": lambda n: (lambda x=t(n): x.mul_(0.999)),
+        "mul": lambda n: (lambda xy=two(n): xy[0] * xy[1]),
+        "clone": lambda n: (lambda x=t(n): x.clone()),
+        "cat": lambda n: (lambda xy=two(n): torch.cat(xy, 1)),
+        "hardtanh_": lambda n: (lambda x=t(n): F.hardtanh_(x, 0.0, 6.0)),
+        "hardtanh_backward": lambda n: (lambda g=t(n), x=t(n): aten.hardtanh_backward(g, x, 0.0, 6.0)),
+        "native_batch_norm": lambda n: (lambda a=bn(n): aten.native_batch_norm(a[0], a[3], a[4], a[1], a[2],
+                                                                               True, 0.1, 1e-5)),
+        "native_batch_norm_backward": bn_bwd,
+        "max_pool2d_with_indices": lambda n: (lambda x=t(n): aten.max_pool2d_with_indices(x, [3, 3], [2, 2], [1, 1])),
+        "max_pool2d_with_indices_backward": pool_bwd,
+        "avg_pool2d": lambda n: (lambda x=t(n): aten.avg_pool2d(x, [2, 2], [2, 2])),
+        "mean": lambda n: (lambda x=t(n): x.mean((2, 3), keepdim=True)),
+    }
+
+
+#: Working set the calibration cycles through per kernel: larger than the last-level
+#: cache, so that big tensors come from memory as they do in training, while small ones
+#: stay cached as they do there too.
+_WORKING_SET = 64 << 20
+
+
+def _copies(nbytes: float, limit: int = 8) -> int:
+    return max(1, min(limit, math.ceil(_WORKING_SET / max(nbytes, 1))))
+
+
+def _timed_cycle(fns) -> float:
+    """Seconds per call of a kernel built on several copies of its tensors, called in turn."""
+    return _timed(lambda: [f() for f in fns]) / len(fns)
+
+
+def _calibrate_kernels(threads: int, *, seed: int = 0, per_class: int = 32, quick: bool = False,
+                       barrier=None) -> dict:
+    """Time the representative kernels on this process (``threads`` intra-op threads).
+
+    Each kernel cycles through enough copies of its tensors to exceed the last-level
+    cache (:data:`_WORKING_SET`). Returns ``{"conv", "gemm", "memory", "view"}`` as
+    :class:`Profile` holds them."""
+    import numpy as np
+    import torch
+
+    torch.set_num_threads(threads)
+    sync = barrier or (lambda: None)
+    rng = np.random.default_rng(seed)
+    aten = torch.ops.aten
+    per_class = 8 if quick else per_class
+    max_flops = 2e8 if quick else 1e10
+    conv: dict[str, list] = {}
+    for cls in ("k1", "k3", "kn", "dw", "group"):
+        for n, cin, h, cout, k, stride, groups in _conv_shapes(cls, rng, per_class, max_flops):
+            w_shape = (cout, cin // groups, k, k)
+            out_numel = None
+            fns: dict[str, list] = {"conv": [], "dgrad": [], "wgrad": []}
+            copies = 1
+            for c in range(8):
+                x, w = torch.randn(n, cin, h, h), torch.randn(*w_shape)
+                out = torch.nn.functional.conv2d(x, w, None, stride, k // 2, 1, groups)
+                if out_numel is None:
+                    out_numel = out.numel()
+                    size = 4 * (x.numel() + w.numel() + out_numel)
+                    copies = _copies(size)
+                g = torch.randn_like(out)
+                args = (g, x, w, None, [stride] * 2, [k // 2] * 2, [1, 1], False, [0, 0], groups)
+                fns["conv"].append(lambda x=x, w=w: torch.nn.functional.conv2d(x, w, None, stride, k // 2, 1, groups))
+                fns["dgrad"].append(lambda a=args: aten.convolution_backward(*a, [True, False, False]))
+                fns["wgrad"].append(lambda a=args: aten.convolution_backward(*a, [False, True, False]))
+                if c + 1 >= copies:
+                    break
+            dims = [out_numel // cout, cout, cin // groups * k * k]
+            for kind, calls in fns.items():
+                sync()
+                conv.setdefault(f"{kind}:{cls}", []).append((dims, size, _timed_cycle(calls)))
+    gemm = []
+    while len(gemm) < per_class:
+        # Batch-sized rows against layer-sized matrices, as classifier layers multiply.
+        m = int(rng.choice([8, 16, 32, 64, 128, 256, 512, 1024, 2048]))
+        k, n = (int(rng.choice([256, 512, 1000, 1024, 2048, 4096, 9216, 25088])) for _ in range(2))
+        size = 4 * (m * k + k * n + m * n)
+        if 2.0 * m * k * n > max_flops or size > (64 << 20 if quick else 512 << 20):
+            continue
+        pairs = [(torch.randn(m, k), torch.randn(k, n)) for _ in range(_copies(size))]
+        sync()
+        gemm.append(([m, n, k], size, _timed_cycle([lambda p=p: p[0] @ p[1] for p in pairs])))
+    memory = {}
+    sizes = [1 << e for e in range(12, 21 if quick else 25, 2)]
+    for name, build in _memory_kernels(torch).items():
+        table: list[list] = [[], []]
+        for n in sizes:
+            first = build(n)
+            moved = _recorded_bytes(first, name)
+            calls = [first] + [build(n) for _ in range(_copies(moved) - 1)]
+            sync()
+            table[0].append(moved)
+            table[1].append(_timed_cycle(calls))
+        memory[name] = table
+    memory["*"] = memory["add"]        # unlisted operators priced as a binary elementwise op
+    x = torch.randn(64)
+    view = _timed(lambda: x.view(8, 8))
+    return {"conv": {k: _fit_dims(v) for k, v in conv.items()},
+            "gemm": _fit_dims(gemm), "memory": memory, "view": view}
+
+
+def _recorded_bytes(fn, name: str) -> float:
+    """Bytes the dispatch recorder assigns to the first ``name`` operator that ``fn`` runs
+    (the same accounting as :func:`workload`)."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    found = []
+
+    class Recorder(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            out = func(*args, **(kwargs or {}))
+            if func.overloadpacket.__name__ == name and not found:
+                found.append(_record(func, args, kwargs or {}, out, "calibration"))
+            return out
+
+    with Recorder():
+        fn()
+    if not found:
+        raise RuntimeError(f"calibration kernel for {name} did not run {name}")
+    return found[0].bytes
+
+
+def run_ranks(target, procs: int, *args, timeout: float = 3600.0):
+    """Run ``target(rank, procs, port, queue, *args)`` in ``procs`` spawned processes
+    joined by gloo on a free local port; returns what rank 0 puts on the queue.
+
+    Raises:
+        RuntimeError: a rank exited with an error, or no result came within ``timeout``
+            seconds (the ranks are then terminated).
+    """
+    import queue as queues
+    import socket
+
+    import torch.multiprocessing as mp
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    ctx = mp.get_context("spawn")
+    queue = ctx.Queue()
+    workers = [ctx.Process(target=target, args=(rank, procs, port, queue, *args)) for rank in range(procs)]
+    for w in workers:
+        w.start()
+    deadline = time.monotonic() + timeout
+    try:
+        while True:
+            try:
+                return queue.get(timeout=1.0)
+            except queues.Empty:
+                failed = [w.exitcode for w in workers if w.exitcode not in (None, 0)]
+                if failed or time.monotonic() > deadline:
+                    raise RuntimeError(f"{target.__name__}: rank exit codes {[w.exitcode for w in workers]}"
+                                       f"{'' if failed else ' (timed out)'}") from None
+    finally:
+        for w in workers:
+            w.join(timeout=30)
+            if w.is_alive():
+                w.terminate()
+                w.join()
+
+
+def _calibrate_worker(rank: int, procs: int, port: int, queue, threads: int, quick: bool) -> None:
+    """One of ``procs`` processes timing kernels at the same time (so memory bandwidth and
+    caches are shared as in data-parallel training), then the all-reduce between them."""
+    import torch
+    import torch.distributed as dist
+
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    dist.init_process_group("gloo", rank=rank, world_size=procs)
+    try:
+        result = _calibrate_kernels(threads, quick=quick, barrier=dist.barrier)
+        samples = []
+        for size in [1 << 12, 1 << 16, 1 << 20, 1 << 22, 1 << 24] + ([] if quick else [1 << 26]):
+            x = torch.ones(size // 4)
+            # Every rank must make the same number of calls: a fixed count, not _timed's.
+            calls = max(3, min(50, (1 << 24) // size))
+            dist.all_reduce(x)
+            dist.barrier()
+            start = time.perf_counter()
+            for _ in range(calls):
+                dist.all_reduce(x)
+            samples.append((size, (time.perf_counter() - start) / calls))
+        # t = 2 (p - 1) latency + 2 (p - 1) / p * bytes / rate  (ring)
+        latency, rate = _fit_linear([(2 * (procs - 1) / procs * b, t) for b, t in samples])
+        result["allreduce"] = [latency / (2 * (procs - 1)), rate]
+        if rank == 0:
+            queue.put(result)
+    finally:
+        dist.destroy_process_group()
+
+
+def _decode_per_core() -> float:
+    """JPEG decodes per second on one core through the CPU path: a scikit-image photograph
+    scaled to the ImageNet samples' mean size and saved at quality 90, 4:2:0."""
+    import io
+
+    import numpy as np
+    from PIL import Image
+
+    from .backends import decode
+
+    try:
+        from skimage import data as photos
+
+        image = Image.fromarray(photos.astronaut())
+    except ImportError:
+        rng = np.random.default_rng(0)
+        image = Image.fromarray(rng.integers(0, 255, (512, 512, 3), dtype=np.uint8))
+    side = int(math.sqrt(202_698 / 0.75))
+    buf = io.BytesIO()
+    image.resize((side, int(side * 0.75))).save(buf, "JPEG", quality=90, subsampling=2)
+    data = buf.getvalue()
+    return 1.0 / _timed(lambda: decode(data, backend="cpu"), min_seconds=0.2)
+
+
+def calibrate(*, procs: int = 1, threads: int | None = None, quick: bool = False,
+              name: str | None = None) -> Profile:
+    """Measure a CPU profile of this machine (see the module docstring).
+
+    Args:
+        procs: processes timing at once (data-parallel ranks per node; ``> 1`` also
+            measures the gloo all-reduce between them).
+        threads: intra-op threads per process (default: cores / procs).
+        quick: fewer and smaller kernels (tests; seconds instead of minutes).
+        name: profile name (default ``cpu-p{procs}``).
+
+    Returns:
+        The :class:`Profile` (``source`` names the machine and date).
+    """
+    import datetime
+    import platform
+
+    cores = os.cpu_count() or 1
+    threads = threads or max(1, cores // procs)
+    if procs == 1:
+        result = _calibrate_kernels(threads, quick=quick)
+        result["allreduce"] = [0.0, float("inf")]
+    else:
+        result = run_ranks(_calibrate_worker, procs, threads, quick)
+    source = (f"measured by `dlbooster predict calibrate` on {platform.node()} ({platform.machine()}, "
+              f"{cores} cores), {procs} process(es) x {threads} thread(s), "
+              f"{datetime.date.today().isoformat()}{' (quick)' if quick else ''}")
+    return Profile(name=name or f"cpu-p{procs}", kind="cpu", source=source, threads=threads, procs=procs,
+                   conv=result["conv"], gemm=result["gemm"], memory=result["memory"], view=result["view"],
+                   allreduce=result["allreduce"], overlap=0.0,
+                   decode_per_core=_decode_per_core(), host_us_per_image=HOST_US_PER_IMAGE)
+
+
+# --------------------------------------------------------------------------- shipped profiles
+
+def _gpu_profile(name: str, peak_tflops: float, hbm_gbps: float, link_gbps: float, note: str) -> Profile:
+    """A GPU profile from public peak figures: convolutions and matrix products at half the
+    peak (cuDNN/cuBLAS typically reach 40-70 % on ResNet layers), memory-bound kernels at
+    80 % of the memory bandwidth, 10 us launch and framework cost per kernel, ring
+    all-reduce at the link's bus bandwidth with 10 us per step, communication fully
+    overlapped with backward compute (NCCL on its own stream)."""
+    roof = {"roof": [10e-6, 0.5 * peak_tflops * 1e12, 0.8 * hbm_gbps * 1e9]}
+    conv = {f"{kind}:{cls}": roof for kind in ("conv", "dgrad", "wgrad") for cls in ("k1", "k3", "kn", "group")}
+    # Depthwise convolutions do not use tensor cores: memory-bound.
+    conv.update({f"{kind}:dw": {"roof": [10e-6, 0.05 * peak_tflops * 1e12, 0.5 * hbm_gbps * 1e9]}
+                 for kind in ("conv", "dgrad", "wgrad")})
+    return Profile(name=name, kind="gpu", source=f"public peak figures ({note}); not measured",
+                   threads=0, procs=1, conv=conv, gemm=roof, memory={"*": [10e-6, 0.8 * hbm_gbps * 1e9]},
+                   view=5e-6, allreduce=[10e-6, link_gbps * 1e9], overlap=1.0, decode_per_core=600.0,
+                   host_us_per_image=HOST_US_PER_IMAGE)
+
+
+#: GPU profiles from vendor data sheets (dense TF32 tensor throughput, which PyTorch's
+#: cuDNN convolutions use by default; HBM bandwidth; NVLink/PCIe bus bandwidth).
+SHIPPED_PROFILES = {
+    "a100": lambda: _gpu_profile("a100", 156, 1555, 240, "A100 SXM4 40GB: 156 TFLOPS TF32, 1,555 GB/s, NVLink3"),
+    "v100": lambda: _gpu_profile("v100", 15.7, 900, 130, "V100 SXM2: 15.7 TFLOPS FP32, 900 GB/s, NVLink2"),
+    "h100": lambda: _gpu_profile("h100", 495, 3350, 370, "H100 SXM5: 495 TFLOPS TF32, 3,350 GB/s, NVLink4"),
+    "t4": lambda: _gpu_profile("t4", 8.1, 320, 12, "T4: 8.1 TFLOPS FP32, 320 GB/s, PCIe 3"),
+}
+
+
+def profile_dir() -> Path:
+    """Where calibrated profiles are kept (``$DLBOOSTER_CACHE/profiles``)."""
+    return Path(os.environ.get("DLBOOSTER_CACHE", Path.home() / ".cache" / "dlbooster")) / "profiles"
+
+
+def load_profile(name: str, *, procs: int = 1) -> Profile:
+    """A shipped profile (:data:`SHIPPED_PROFILES`), a calibrated one by name, ``cpu``
+    (the calibrated ``cpu-p{procs}``), or a JSON file path.
+
+    Raises:
+        FileNotFoundError: no such profile (run ``dlbooster predict calibrate``).
+    """
+    if name in SHIPPED_PROFILES:
+        return SHIPPED_PROFILES[name]()
+    path = Path(name)
+    if not path.suffix:
+        path = profile_dir() / f"{f'cpu-p{procs}' if name == 'cpu' else name}.json"
+    if not path.exists():
+        raise FileNotFoundError(f"no device profile {name!r} ({path}); run `dlbooster predict calibrate"
+                                f"{f' --procs {procs}' if name == 'cpu' else ''}` or choose one of "
+                                f"{', '.join(SHIPPED_PROFILES)}")
+    return Profile(**json.loads(path.read_text()))
+
+
+def parse_decoder(text: str | None) -> dict | None:
+    """``LANESxMHZ`` (FPGA decoder lanes per node and their clock) or ``cpu:CORES``.
+
+    Raises:
+        ValueError: neither form.
+    """
+    if text is None:
+        return None
+    if text.startswith("cpu:"):
+        return {"kind": "cpu", "cores": int(text[4:])}
+    lanes, sep, mhz = text.lower().partition("x")
+    if not sep:
+        raise ValueError(f"--decoder: LANESxMHZ or cpu:CORES, not {text!r}")
+    return {"kind": "fpga", "lanes": int(lanes), "mhz": float(mhz)}
+
+
+# --------------------------------------------------------------------------- prediction
+
+#: DistributedDataParallel's bucket sizes (torch.distributed defaults).
+FIRST_BUCKET = 1 << 20
+BUCKET = 25 << 20
+
+
+def buckets(work: Workload, ready: dict) -> list:
+    """Gradient buckets as DDP forms them after its first iteration (parameters in the
+    order their gradients became ready): ``[(ready_time, bytes)]``."""
+    order = sorted(ready, key=ready.get)
+    out, size, cap, last = [], 0, FIRST_BUCKET, 0.0
+    for index in order:
+        size += work.param_bytes[index]
+        last = max(last, ready[index])
+        if size >= cap:
+            out.append((last, size))
+            size, cap = 0, BUCKET
+    if size:
+        out.append((last, size))
+    return out
+
+
+def predict(work: Workload, profile: Profile, *, gpus: int = 1, nodes: int = 1,
+            network_gbps: float | None = None, decoder: dict | None = None,
+            backward: str = "autograd", image_pixels: float | None = None) -> dict:
+    """Predicted iteration time of ``work`` on ``gpus`` devices per node x ``nodes``.
+
+    Args:
+        work: :func:`workload` at the per-device batch size.
+        profile: the device's :class:`Profile` (for a CPU, one measured with
+            ``procs == gpus``: ranks share the machine).
+        gpus, nodes: data-parallel ranks per node, nodes.
+        network_gbps: inter-node bandwidth, Gbit/s (needed when ``nodes > 1``).
+        decoder: :func:`parse_decoder`'s result: the node's input pipeline.
+        backward: ``autograd`` or ``split``.
+        image_pixels: decoded pixels per image (default: the ImageNet samples' mean).
+
+    Returns:
+        ``{"iteration_s", "images_per_s", "bottleneck", "stages": {...}, "breakdown": {...}}``
+        (seconds; ``images_per_s`` over all ranks).
+
+    Raises:
+        ValueError: several nodes without ``network_gbps``; unknown ``backward``; a CPU
+            profile measured with another number of processes than ``gpus``.
+    """
+    from .hw.synth import IMAGENET_CLOCKS, IMAGENET_PIXELS
+
+    if backward not in ("autograd", "split"):
+        raise ValueError(f"backward must be autograd or split, not {backward!r}")
+    if nodes > 1 and not network_gbps:
+        raise ValueError("several nodes need --network GBPS")
+    if profile.kind == "cpu" and profile.procs != gpus:
+        raise ValueError(f"CPU profile {profile.name!r} was measured with {profile.procs} process(es), "
+                         f"not {gpus}: ranks share the machine; run `dlbooster predict calibrate --procs {gpus}`")
+    times = {"forward": 0.0, "input_gradient": 0.0, "weight_gradient": 0.0, "backward_other": 0.0,
+             "optimizer": 0.0}
+    clock = 0.0
+    ready: dict[int, float] = {}
+    for op in work.ops:
+        t = op_time(profile, op)
+        clock += t if op.phase != "optimizer" else 0.0
+        if op.phase == "forward":
+            times["forward"] += t
+        elif op.phase == "optimizer":
+            times["optimizer"] += t
+        else:
+            key = {"dgrad": "input_gradient", "wgrad": "weight_gradient"}.get(op.kind, "backward_other")
+            times[key] += t
+        for index in op.grads:
+            ready[index] = clock
+    backward_end = clock
+    ranks = gpus * nodes
+    comm_total = exposed = 0.0
+    if ranks > 1:
+        latency, rate = profile.allreduce
+        if nodes > 1:
+            rate = min(rate, network_gbps * 1e9 / 8)
+        end = 0.0
+        under_compute = 0.0
+        for when, size in buckets(work, ready):
+            duration = 2 * (ranks - 1) * latency + 2 * (ranks - 1) / ranks * size / rate
+            start = max(when, end)
+            end = start + duration
+            comm_total += duration
+            under_compute += max(0.0, min(end, backward_end) - start)
+        # Communication under backward compute is hidden to the profile's overlap; what
+        # runs after the backward is exposed in full.
+        exposed = max(0.0, end - backward_end) + (1 - profile.overlap) * under_compute
+    compute = backward_end + exposed + times["optimizer"]
+    if backward == "split" and profile.kind == "cpu":
+        # Measured cost of the split schedule on the CPU (docs/benchmarks.md, issue 8).
+        compute *= 1.012
+    per_node = work.batch_size * gpus
+    stages = {"compute": compute}
+    if decoder:
+        pixels = image_pixels or IMAGENET_PIXELS
+        if decoder["kind"] == "fpga":
+            rate = decoder["lanes"] * decoder["mhz"] * 1e6 / (IMAGENET_CLOCKS * pixels / IMAGENET_PIXELS)
+        else:
+            rate = decoder["cores"] * profile.decode_per_core * IMAGENET_PIXELS / pixels
+        stages["decode"] = per_node / rate
+        # The runtime's host work runs on one core per rank beside the device.
+        stages["host"] = work.batch_size * profile.host_us_per_image * 1e-6
+    bottleneck = max(stages, key=stages.get)
+    iteration = stages[bottleneck]
+    if bottleneck == "compute" and exposed > 0.5 * compute:
+        bottleneck = "communication"
+    return {
+        "model": work.model, "batch_size": work.batch_size, "image_size": work.image_size,
+        "gpus": gpus, "nodes": nodes, "device": profile.name, "device_source": profile.source,
+        "backward": backward, "iteration_s": iteration, "images_per_s": work.batch_size * ranks / iteration,
+        "bottleneck": bottleneck, "stages": stages,
+        "breakdown": {**times, "allreduce": comm_total, "allreduce_exposed": exposed,
+                      "gradient_bytes": work.gradient_bytes, "forward_gflop": work.flops("forward") / 1e9,
+                      "backward_gflop": work.flops("backward") / 1e9},
+    }

@@ -1,0 +1,230 @@
+"""Iteration-time predictor (host/predict.py, `dlbooster predict`): the recorded work of real
+torchvision models against their known sizes, the timing model's arithmetic on hand-made
+work, calibration on this machine, and measured-vs-predicted on a small model. The
+accuracy validation over 8 CNNs is `dlbooster predict validate`, recorded in
+docs/benchmarks.md."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("torchvision")
+
+from dlbooster.cli import main  # noqa: E402
+from dlbooster.predict import (BUCKET, FIRST_BUCKET, Op, Profile, Workload, buckets, calibrate,  # noqa: E402
+                               load_profile, parse_decoder, predict, workload)
+
+
+def test_resnet18_work_matches_its_published_size():
+    work = workload("resnet18", 2, image_size=224)
+    # torchvision's ResNet-18: 11,689,512 parameters, 1.814 GMAC per 224x224 image.
+    assert work.gradient_bytes == 4 * 11_689_512
+    forward = work.flops("forward")
+    assert forward == pytest.approx(2 * 2 * 1.8186e9, rel=0.01)
+    # Backward: an input gradient and a weight gradient per layer, each as much as the
+    # forward, except the stem convolution's input gradient (the image needs none).
+    stem = next(o for o in work.ops if o.kind == "conv")
+    assert work.flops("backward") == pytest.approx(2 * forward - stem.flops, rel=1e-9)
+    assert sum(o.kind == "dgrad" for o in work.ops) == sum(o.kind == "conv" for o in work.ops) - 1
+    # Every parameter's gradient is completed by exactly one backward operator.
+    done = sorted(i for o in work.ops for i in o.grads)
+    assert done == list(range(len(work.param_bytes)))
+    assert all(o.phase == "backward" for o in work.ops if o.grads)
+    assert {o.phase for o in work.ops} == {"forward", "backward", "optimizer"}
+
+
+def test_depthwise_and_grouped_convolutions_are_classified():
+    work = workload("mobilenet_v2", 1, image_size=64)
+    classes = {o.conv_class for o in work.ops if o.kind == "conv"}
+    assert classes == {"k1", "k3", "dw"}
+    shuffle = workload("shufflenet_v2_x1_0", 1, image_size=64)
+    assert "dw" in {o.conv_class for o in shuffle.ops if o.kind == "conv"}
+
+
+def test_unknown_model_is_rejected():
+    with pytest.raises(ValueError, match="not a torchvision model"):
+        workload("resnet_unknown", 1)
+
+
+def _profile(**changes):
+    roof = {"roof": [0.0, 1e9, 1e12]}       # 1 GFLOP/s, bandwidth never binding
+    base = dict(name="test", kind="gpu", source="hand-made", threads=1, procs=1,
+                conv={f"{k}:k3": roof for k in ("conv", "dgrad", "wgrad")}, gemm=roof,
+                memory={"*": [0.0, 1e9]}, view=0.0, allreduce=[0.0, 1e8], overlap=1.0,
+                decode_per_core=100.0, host_us_per_image=100.0)
+    base.update(changes)
+    return Profile(**base)
+
+
+def _work():
+    """forward 1 s, backward: 2 s completing parameter 1 (8 MiB) then 1 s completing
+    parameter 0 (4 MiB), optimizer 0.5 s (0.5 GB moved)."""
+    ops = [Op("forward", "convolution", "conv", 1e9, 0, "k3"),
+           Op("backward", "convolution_backward", "wgrad", 2e9, 0, "k3", [1]),
+           Op("backward", "convolution_backward", "wgrad", 1e9, 0, "k3", [0]),
+           Op("optimizer", "add_", "memory", 0, 5e8)]
+    return Workload("hand", 16, 224, ops, [4 << 20, 8 << 20])
+
+
+def test_single_device_time_is_the_sum_of_its_operators():
+    result = predict(_work(), _profile(), gpus=1)
+    assert result["iteration_s"] == pytest.approx(1 + 3 + 0.5)
+    assert result["images_per_s"] == pytest.approx(16 / 4.5)
+    assert result["bottleneck"] == "compute"
+    assert result["breakdown"]["allreduce"] == 0
+
+
+def test_ring_allreduce_overlaps_backward_as_buckets_fill():
+    work = _work()
+    # Parameter 1 (8 MiB) is ready at 3 s and fills the 1 MiB first bucket; parameter 0 at 4 s.
+    assert buckets(work, {1: 3.0, 0: 4.0}) == [(3.0, 8 << 20), (4.0, 4 << 20)]
+    result = predict(work, _profile(), gpus=2)
+    first, second = (8 << 20) / 1e8, (4 << 20) / 1e8     # 2 (p-1)/p = 1 for two ranks
+    # The first bucket runs from 3 s, hidden until the backward ends at 4 s.
+    exposed = max(3.0 + first, 4.0) + second - 4.0
+    assert result["breakdown"]["allreduce"] == pytest.approx(first + second)
+    assert result["breakdown"]["allreduce_exposed"] == pytest.approx(exposed)
+    assert result["iteration_s"] == pytest.approx(4.0 + exposed + 0.5)
+    # With no overlap, the part under the backward is paid too.
+    serial = predict(work, _profile(overlap=0.0), gpus=2)
+    assert serial["breakdown"]["allreduce_exposed"] == pytest.approx(exposed + first)
+    # Across nodes the network, if slower, sets the rate: 0.4 Gbit/s = 5e7 B/s.
+    slow = predict(work, _profile(), gpus=1, nodes=2, network_gbps=0.4)
+    assert slow["breakdown"]["allreduce"] == pytest.approx((12 << 20) / 5e7)
+
+
+def test_bucket_sizes_follow_ddp():
+    half = FIRST_BUCKET // 2
+    work = Workload("w", 1, 1, [], [half] * 4 + [BUCKET] * 2)
+    # Gradients ready in parameter order: the 1 MiB first bucket closes after two, later
+    # buckets once they reach 25 MiB, the rest goes in a last one.
+    assert buckets(work, {i: float(i) for i in range(6)}) == [
+        (1.0, FIRST_BUCKET), (4.0, 2 * half + BUCKET), (5.0, BUCKET)]
+    # DDP buckets in the order gradients became ready, not parameter order.
+    assert buckets(work, {i: float(10 - i) for i in range(6)}) == [
+        (5.0, BUCKET), (6.0, BUCKET), (10.0, 4 * half)]
+
+
+def test_input_pipeline_can_be_the_bottleneck():
+    from dlbooster.hw.synth import IMAGENET_CLOCKS
+
+    work = _work()
+    fpga = predict(work, _profile(), gpus=4, decoder=parse_decoder("1x250"))
+    decode = 16 * 4 / (250e6 / IMAGENET_CLOCKS)
+    assert fpga["stages"]["decode"] == pytest.approx(decode)
+    assert fpga["stages"]["host"] == pytest.approx(16 * 100e-6)
+    cpu = predict(work, _profile(), gpus=4, decoder=parse_decoder("cpu:2"))
+    assert cpu["stages"]["decode"] == pytest.approx(64 / 200)
+    assert cpu["bottleneck"] == "compute"
+    starved = predict(work, _profile(decode_per_core=1.0), gpus=4, decoder=parse_decoder("cpu:2"))
+    assert starved["bottleneck"] == "decode" and starved["iteration_s"] == pytest.approx(32.0)
+
+
+def test_decoder_and_argument_errors():
+    assert parse_decoder("4x250") == {"kind": "fpga", "lanes": 4, "mhz": 250.0}
+    assert parse_decoder("cpu:16") == {"kind": "cpu", "cores": 16}
+    with pytest.raises(ValueError):
+        parse_decoder("fast")
+    with pytest.raises(ValueError, match="network"):
+        predict(_work(), _profile(), nodes=2)
+    with pytest.raises(FileNotFoundError, match="calibrate"):
+        load_profile("no-such-profile")
+    # A CPU profile holds for as many ranks as shared the machine when it was measured.
+    with pytest.raises(ValueError, match="calibrate --procs 4"):
+        predict(_work(), _profile(kind="cpu", procs=2), gpus=4)
+
+
+def test_split_backward_adds_its_measured_cpu_overhead():
+    cpu = _profile(kind="cpu", procs=1)
+    plain = predict(_work(), cpu)["iteration_s"]
+    assert predict(_work(), cpu, backward="split")["iteration_s"] == pytest.approx(plain * 1.012)
+    # Not modelled as faster or slower on a GPU (not measured there).
+    assert predict(_work(), _profile(), backward="split")["iteration_s"] == pytest.approx(plain)
+    with pytest.raises(ValueError):
+        predict(_work(), cpu, backward="fast")
+
+
+def test_memory_tables_interpolate_in_log_log():
+    from dlbooster.predict import _memory_time
+
+    table = [[1e3, 1e5, 1e7], [1e-6, 1e-5, 1e-3]]
+    assert _memory_time(table, 10) == 1e-6                       # below: the smallest time
+    assert _memory_time(table, 1e4) == pytest.approx(math.sqrt(1e-6 * 1e-5))
+    assert _memory_time(table, 1e6) == pytest.approx(1e-4)
+    assert _memory_time(table, 4e7) == pytest.approx(4e-3)       # above: bandwidth bound
+    assert _memory_time([2e-6, 1e9], 1e6) == pytest.approx(2e-6 + 1e-3)
+
+
+def test_gpu_optimizer_is_recorded_as_multi_tensor_kernels():
+    loop = workload("resnet18", 2, image_size=64)
+    fused = workload("resnet18", 2, image_size=64, foreach=True)
+    def kernels(w):
+        return [o.name for o in w.ops if o.phase == "optimizer" and o.kind != "view"]
+
+    assert len(kernels(fused)) < 20 < len(kernels(loop))
+    assert set(kernels(fused)) <= {"_foreach_add_", "_foreach_mul_", "_foreach_add", "_foreach_mul"}
+    # The same bytes move either way.
+    moved = lambda w: sum(o.bytes for o in w.ops if o.phase == "optimizer")  # noqa: E731
+    assert moved(fused) == pytest.approx(moved(loop), rel=0.01)
+
+
+def test_cli_predicts_with_a_shipped_gpu_profile(capsys):
+    assert main(["predict", "--model", "resnet50", "--batch-size", "64", "--gpus", "8", "--device", "a100",
+                 "--decoder", "4x250", "--json"]) == 0
+    result = json.loads(capsys.readouterr().out)
+    assert result["device_source"].startswith("public peak figures")
+    assert result["images_per_s"] == pytest.approx(64 * 8 / result["iteration_s"])
+    assert result["bottleneck"] == max(result["stages"], key=result["stages"].get)
+    # ResNet-50: 25.6 M parameters, about 4.1 GMAC per image.
+    assert result["breakdown"]["gradient_bytes"] == 4 * 25_557_032
+    assert result["breakdown"]["forward_gflop"] == pytest.approx(64 * 2 * 4.09, rel=0.02)
+
+
+def test_cli_prints_the_breakdown(capsys):
+    assert main(["predict", "--model", "resnet18", "--batch-size", "32", "--gpus", "4", "--nodes", "2",
+                 "--network", "25", "--device", "v100", "--decoder", "cpu:8"]) == 0
+    out = capsys.readouterr().out
+    assert "bottleneck:" in out and "allreduce exposed" in out and "decode" in out
+    assert main(["predict", "--model", "resnet18", "--nodes", "2", "--device", "v100"]) == 2
+
+
+def test_cli_without_a_calibrated_profile_says_how(tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("DLBOOSTER_CACHE", str(tmp_path))
+    assert main(["predict", "--model", "resnet18", "--device", "cpu"]) == 2
+    assert "dlbooster predict calibrate" in capsys.readouterr().err
+
+
+def test_calibrated_profile_predicts_a_measured_iteration(tmp_path, monkeypatch):
+    from dlbooster.bench_predict import validate
+
+    monkeypatch.setenv("DLBOOSTER_CACHE", str(tmp_path))
+    profile = calibrate(quick=True)
+    assert profile.procs == 1 and profile.source.startswith("measured")
+    assert set(profile.conv) == {f"{k}:{c}" for k in ("conv", "dgrad", "wgrad")
+                                 for c in ("k1", "k3", "kn", "dw", "group")}
+    for sizes, times in profile.memory.values():
+        assert sizes == sorted(sizes) and len(sizes) == len(times) and min(times) > 0
+    # Memory-bound kernels cost more with more bytes, past the cache at least.
+    assert profile.memory["add"][1][-1] > profile.memory["add"][1][0]
+    assert profile.decode_per_core > 10
+    profile.save(tmp_path / "profiles" / "cpu-p1.json")
+    assert load_profile("cpu", procs=1) == profile
+    report = validate(["squeezenet1_1"], [4], procs=(1,), image_size=64, iterations=3, warmup=1)
+    (row,) = report["rows"]
+    assert row["measured_s"] > 0 and row["predicted_s"] > 0
+    assert row["error_pct"] == pytest.approx(100 * abs(row["predicted_s"] - row["measured_s"]) / row["measured_s"])
+    # A quick profile on a shared machine is rough, but the same order of magnitude.
+    assert 0.2 < row["predicted_s"] / row["measured_s"] < 5
+    assert math.isfinite(report["mean_error_pct"])
+
+
+def test_two_process_calibration_measures_the_allreduce():
+    profile = calibrate(procs=2, quick=True)
+    latency, rate = profile.allreduce
+    assert profile.procs == 2 and profile.threads >= 1
+    # Local gloo: tens of microseconds to a millisecond per step, 0.1-100 GB/s.
+    assert 1e-6 < latency < 0.01 and 1e8 < rate < 1e11
