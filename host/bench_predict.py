@@ -16,14 +16,9 @@ import os
 import statistics
 import time
 
+from .predict import build_model, run_ranks
+
 __all__ = ["measure_iteration", "validate"]
-
-
-def _build(model: str, image_size: int):
-    import torchvision
-
-    kwargs = {"aux_logits": False, "init_weights": False} if model in ("googlenet", "inception_v3") else {}
-    return getattr(torchvision.models, model)(**kwargs)
 
 
 def _time_steps(net, batch_size: int, image_size: int, iterations: int, warmup: int) -> list[float]:
@@ -56,7 +51,7 @@ def _worker(rank, procs, port, queue, threads, model, batch_size, image_size, it
     dist.init_process_group("gloo", rank=rank, world_size=procs)
     try:
         torch.manual_seed(0)
-        net = DistributedDataParallel(_build(model, image_size))
+        net = DistributedDataParallel(build_model(model))
         times = _time_steps(net, batch_size, image_size, iterations, warmup)
         if rank == 0:
             queue.put(times)
@@ -73,10 +68,8 @@ def measure_iteration(model: str, batch_size: int, *, image_size: int = 128, pro
     if procs == 1:
         torch.set_num_threads(cores)
         torch.manual_seed(0)
-        return statistics.median(_time_steps(_build(model, image_size), batch_size, image_size,
+        return statistics.median(_time_steps(build_model(model), batch_size, image_size,
                                              iterations, warmup))
-    from .predict import run_ranks
-
     return statistics.median(run_ranks(_worker, procs, max(1, cores // procs), model, batch_size, image_size,
                                        iterations, warmup))
 

@@ -44,7 +44,7 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-__all__ = ["HOST_US_PER_IMAGE", "Op", "Profile", "SHIPPED_PROFILES", "Workload", "buckets", "calibrate",
+__all__ = ["HOST_US_PER_IMAGE", "Op", "Profile", "SHIPPED_PROFILES", "Workload", "build_model", "buckets", "calibrate",
            "load_profile", "op_time", "parse_decoder", "predict", "profile_dir", "run_ranks", "workload"]
 
 #: Operators that only make views or metadata: no bytes moved.
@@ -170,6 +170,24 @@ def _record(func, args, kwargs, out, phase) -> Op:
     return Op(phase, name, "memory", 0.0, moved)
 
 
+def build_model(model: str, num_classes: int = 1000):
+    """torchvision's classifier ``model`` as trained (GoogLeNet and Inception without
+    their auxiliary heads), on the current default device.
+
+    Raises:
+        ValueError: not a torchvision classification model.
+    """
+    import torchvision
+
+    builder = getattr(torchvision.models, model, None)
+    if builder is None or model.startswith("_") or not callable(builder):
+        raise ValueError(f"not a torchvision model: {model!r}")
+    kwargs = {"num_classes": num_classes}
+    if model in ("googlenet", "inception_v3"):
+        kwargs.update(aux_logits=False, init_weights=False)
+    return builder(**kwargs)
+
+
 def workload(model: str, batch_size: int, *, image_size: int = 224, num_classes: int = 1000,
              momentum: float = 0.9, weight_decay: float = 1e-4, foreach: bool = False) -> Workload:
     """Record one training iteration of torchvision's ``model`` (see the module docstring).
@@ -190,17 +208,10 @@ def workload(model: str, batch_size: int, *, image_size: int = 224, num_classes:
         ValueError: not a torchvision classification model.
     """
     import torch
-    import torchvision
     from torch.utils._python_dispatch import TorchDispatchMode
 
-    builder = getattr(torchvision.models, model, None)
-    if builder is None or model.startswith("_") or not callable(builder):
-        raise ValueError(f"not a torchvision model: {model!r}")
-    kwargs = {"num_classes": num_classes}
-    if model in ("googlenet", "inception_v3"):
-        kwargs.update(aux_logits=False, init_weights=False)
     with torch.device("meta"):
-        net = builder(**kwargs)
+        net = build_model(model, num_classes=num_classes)
     net.train()
     params = [p for p in net.parameters() if p.requires_grad]
     ops: list[Op] = []
