@@ -13,6 +13,9 @@ Commands:
 - ``dlbooster train [DATA] ...``: the main job: training fed by the decoder
   (:mod:`dlbooster.train`); with no DATA, on crops of the real photographs scikit-image
   ships, decoded by the simulated device.
+- ``dlbooster records write SRC OUT`` / ``records info DIR``: Progressive Compressed
+  Records (:mod:`dlbooster.records`): write an ImageFolder as multi-fidelity records;
+  print bytes and PSNR per fidelity.
 - ``dlbooster demo``: every packaged photograph through the reference model, checked
   against Pillow.
 """
@@ -437,17 +440,82 @@ def _cmd_demo(args: argparse.Namespace) -> int:
         return _cmd_decode(ns)
 
 
+def _cmd_records(args: argparse.Namespace) -> int:
+    from .bench import _table
+    from .records import RecordError, RecordSet, info, write_records
+
+    if args.action == "write":
+        if args.out is None:
+            print("dlbooster records write: give SRC and OUT", file=sys.stderr)
+            return 2
+        src = Path(args.src)
+        # The hymenoptera layout (train/ and val/) becomes two record sets, as `train` reads it.
+        pairs = ([(src / "train", Path(args.out) / "train"), (src / "val", Path(args.out) / "val")]
+                 if (src / "train").is_dir() and (src / "val").is_dir() else [(src, Path(args.out))])
+        reports = {}
+        for source, out in pairs:
+            def show(done, total, name=source.name):
+                if not args.json and sys.stderr.isatty() and (done == total or done % 50 == 0):
+                    print(f"\r{name}: {done}/{total} images", end="\n" if done == total else "",
+                          file=sys.stderr, flush=True)
+            try:
+                report = write_records(source, out, images_per_record=args.images_per_record,
+                                       verify=not args.no_verify, workers=args.workers, progress=show)
+            except (FileNotFoundError, FileExistsError, NotADirectoryError, RecordError, ValueError) as exc:
+                print(f"dlbooster records write: {exc}", file=sys.stderr)
+                return 2
+            reports[str(out)] = report.to_json()
+            if not args.json:
+                print(f"{out}: {report.images} images in {len(report.records)} record file(s), "
+                      f"{report.scans} scan groups; {report.record_bytes:,} bytes "
+                      f"({report.record_bytes / max(report.source_bytes, 1):.3f} of the sources' "
+                      f"{report.source_bytes:,}); {len(report.skipped)} skipped")
+                for path, reason in report.skipped:
+                    print(f"  skipped {path}: {reason}")
+        if args.json:
+            print(json.dumps(reports, indent=1))
+        return 1 if any(r["skipped"] for r in reports.values()) else 0
+    try:
+        with RecordSet(args.src) as records:
+            result = info(records, sample=args.sample)
+    except (FileNotFoundError, RecordError) as exc:
+        print(f"dlbooster records info: {exc}", file=sys.stderr)
+        return 2
+    if args.json:
+        print(json.dumps(result, indent=1))
+        return 0
+    print(f"{result['root']}: {result['images']} images in {result['records']} record file(s), "
+          f"{result['scans']} scan groups; sources {result['source_bytes']:,} bytes; "
+          f"PSNR against full fidelity over {result['sample']} images")
+    db = lambda v: "inf" if v is None else f"{v:.2f}"  # noqa: E731
+    rows = [[r["fidelity"], f"{r['bytes']:,}", f"{r['of_source']:.3f}", f"{r['of_full']:.3f}",
+             db(r["psnr_mean_db"]), db(r["psnr_min_db"])] for r in result["fidelities"]]
+    print(_table(["fidelity", "bytes", "of sources", "of full", "PSNR mean dB", "PSNR min dB"], rows))
+    return 0
+
+
 def _cmd_train(args: argparse.Namespace) -> int:
     from .train import TrainConfig, format_epoch, summary_json, train
 
-    if args.data is None:   # the packaged-photograph run: small crops, a few quick epochs
+    if args.fidelity is not None and args.records is None:
+        print("dlbooster train: --fidelity needs --records", file=sys.stderr)
+        return 2
+    if args.records is not None and args.data is not None:
+        print("dlbooster train: give DATA or --records, not both", file=sys.stderr)
+        return 2
+    if args.records is not None:
+        if args.epochs is None and args.steps is None:
+            args.epochs = 1
+    elif args.data is None:   # the packaged-photograph run: small crops, a few quick epochs
         args.epochs = args.epochs if args.epochs is not None or args.steps is not None else 6
         args.image_size = args.image_size or 112
         args.lr = args.lr if args.lr is not None else 0.05
     elif args.epochs is None and args.steps is None:
         args.epochs = 1
     args.image_size = args.image_size or 224
-    backend = args.backend or ("sim" if args.data is None else "auto")
+    # Record images are progressive JPEGs, which only the CPU path decodes.
+    backend = args.backend or ("cpu" if args.records else "sim" if args.data is None else "auto")
+    fidelity = args.fidelity if args.fidelity in (None, "auto") else int(args.fidelity)
     config = TrainConfig(data=args.data, backend=backend, lanes=args.lanes, max_width=args.max_width,
                          devices=args.devices, model=args.model, epochs=args.epochs, steps=args.steps,
                          batch_size=args.batch_size, lr=args.lr, momentum=args.momentum,
@@ -455,16 +523,18 @@ def _cmd_train(args: argparse.Namespace) -> int:
                          warmup_epochs=args.warmup_epochs, image_size=args.image_size, backward=args.backward,
                          streams=args.streams, device=args.device, seed=args.seed, workers=args.workers,
                          trace=args.trace, checkpoint=args.checkpoint, checkpoint_every=args.checkpoint_every,
-                         resume=args.resume, progress=not args.json)
+                         resume=args.resume, progress=not args.json, records=args.records,
+                         fidelity=fidelity, fidelity_threshold=args.fidelity_threshold)
     quiet = args.json or int(os.environ.get("RANK", "0")) != 0
     if not quiet:
-        where = args.data or "crops of the real photographs scikit-image ships (one class per photograph)"
+        where = (f"records {args.records} (fidelity {args.fidelity or 'full'})" if args.records else args.data
+                 or "crops of the real photographs scikit-image ships (one class per photograph)")
         print(f"training {args.model} on {where}; decode backend {backend}"
               + (f" ({args.lanes} lane(s), {args.max_width}-pixel line buffers)" if backend == "sim" else "")
               + f", backward {args.backward}", file=sys.stderr)
     try:
         summary = train(config, on_epoch=None if quiet else lambda r: print(format_epoch(r), flush=True))
-    except (ValueError, FileNotFoundError) as exc:
+    except (ValueError, FileNotFoundError) as exc:   # RecordError is a ValueError
         print(f"dlbooster train: {exc}", file=sys.stderr)
         return 2
     if int(os.environ.get("RANK", "0")) != 0:
@@ -637,8 +707,31 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--checkpoint", metavar="FILE", help="save after every epoch")
     p.add_argument("--checkpoint-every", type=int, default=0, metavar="STEPS", help="also save every STEPS steps")
     p.add_argument("--resume", action="store_true", help="continue from --checkpoint when it exists")
+    p.add_argument("--records", metavar="DIR", help="train on Progressive Compressed Records (dlbooster "
+                                                    "records write) instead of DATA")
+    p.add_argument("--fidelity", metavar="K|auto", type=lambda v: v if v == "auto" else str(int(v)),
+                   help="with --records: scans per training image, or auto (gradient similarity)")
+    p.add_argument("--fidelity-threshold", type=float, default=0.9,
+                   help="gradient cosine similarity --fidelity auto must reach")
     p.add_argument("--json", action="store_true", help="print the run's summary as JSON")
     p.set_defaults(func=_cmd_train)
+
+    p = sub.add_parser("records", help="Progressive Compressed Records: multi-fidelity data sets",
+                       description="'records write SRC OUT': re-encode the ImageFolder SRC losslessly as "
+                                   "progressive JPEGs (jpegtran) and write record files grouped by scan "
+                                   "(SRC with train/ and val/ gives OUT/train and OUT/val); exit 1 when a "
+                                   "file was skipped. 'records info DIR': bytes per fidelity and PSNR "
+                                   "against full fidelity.")
+    p.add_argument("action", choices=("write", "info"))
+    p.add_argument("src", metavar="SRC_OR_DIR")
+    p.add_argument("out", nargs="?", metavar="OUT")
+    p.add_argument("--images-per-record", type=int, default=256, help="write: images per record file")
+    p.add_argument("--no-verify", action="store_true",
+                   help="write: skip the check that each image's full decode equals its source's")
+    p.add_argument("--workers", type=int, help="write: jpegtran processes at once (default: CPU count)")
+    p.add_argument("--sample", type=int, default=16, help="info: images whose PSNR is measured")
+    p.add_argument("--json", action="store_true", help="print the report as JSON")
+    p.set_defaults(func=_cmd_records)
 
     p = sub.add_parser("demo", help="decode real photographs through the model, checked "
                                     "against Pillow")

@@ -12,8 +12,10 @@ runs the optional device-side transform (:mod:`dlbooster.transforms`).
 
 from __future__ import annotations
 
+import functools
 import logging
 import math
+import os
 import threading
 import time
 from collections import Counter
@@ -26,7 +28,7 @@ from .errors import DecodeError
 from .pool import BatchPool
 from .sampler import ShardSampler
 from .service import DecodeService, Outcome, Task
-from .sources import as_samples
+from .sources import Sample, as_samples
 
 __all__ = ["Batch", "EpochReport", "Loader", "LoaderStats"]
 
@@ -131,7 +133,14 @@ class Loader:
 
     Args:
         source: an ImageFolder-style directory (classes indexed as torchvision's
-            ``ImageFolder``), or a sequence of ``(path, label)``.
+            ``ImageFolder``), a sequence of ``(path, label)``, or Progressive Compressed
+            Records (:mod:`dlbooster.records`: a :class:`~dlbooster.records.RecordSet` or
+            a folder of ``*.pcr`` files), whose samples are named ``FILE#INDEX``.
+        fidelity: records only: decode each image from its header and first
+            ``fidelity`` scans (1..``RecordSet.scans``; None: every scan, the source's
+            exact pixels). Progressive JPEG is outside the hardware's profile, so record
+            images take the CPU path (a device backend reports them as ``fallback``,
+            reason ``progressive``). Settable between epochs (:attr:`fidelity`).
         batch_size: samples per batch.
         backend: ``auto``, ``cpu``, ``model``, ``sim`` (see :mod:`dlbooster.backends`)
             or a backend instance.
@@ -157,7 +166,8 @@ class Loader:
             decodes, and each batch's assembly and copy.
 
     Raises:
-        ValueError: bad policy or sizes; TypeError/FileNotFoundError: bad source.
+        ValueError: bad policy, sizes or fidelity; TypeError/FileNotFoundError: bad source;
+        dlbooster.records.RecordError: a corrupt record file.
     """
 
     def __init__(self, source, batch_size: int, *, backend: Any = "auto", shuffle: bool = True,
@@ -165,8 +175,10 @@ class Loader:
                  world_size: int | None = None, device: Any = "cpu", transform: Callable | None = None,
                  on_error: str = "skip", replace: Callable | None = None, slot_pixels: int = 512 * 512,
                  prefetch: int = 2, cpu_workers: int | None = None, progress: bool = False,
-                 backend_options: dict | None = None, trace=None):
+                 backend_options: dict | None = None, trace=None, fidelity: int | None = None):
         import torch
+
+        from .records import RecordSet, is_record_dir
 
         if batch_size < 1:
             raise ValueError(f"batch_size must be positive, not {batch_size}")
@@ -174,7 +186,16 @@ class Loader:
             raise ValueError(f"on_error must be one of {', '.join(POLICIES)}, not {on_error!r}")
         if on_error == "replace" and replace is None:
             raise ValueError("on_error='replace' needs a replace(index, outcome) function")
-        self.samples = as_samples(source)
+        self.records: RecordSet | None = None
+        self._owns_records = False
+        if isinstance(source, RecordSet) or (isinstance(source, (str, os.PathLike)) and is_record_dir(source)):
+            self._owns_records = not isinstance(source, RecordSet)
+            self.records = source if isinstance(source, RecordSet) else RecordSet(source)
+            self._entries = list(self.records.entries())
+            self.samples = [Sample(f"{rf.path}#{i}", rf.labels[i]) for rf, i in self._entries]
+        else:
+            self.samples = as_samples(source)
+        self.fidelity = fidelity
         self.batch_size, self.drop_last = batch_size, drop_last
         self.sampler = ShardSampler(len(self.samples), seed=seed, shuffle=shuffle, drop_last=drop_last,
                                     rank=rank, world_size=world_size)
@@ -190,6 +211,26 @@ class Loader:
         self._stats: LoaderStats | None = None
         self._end_iteration: Callable | None = None
         self._closed = False
+
+    @property
+    def fidelity(self) -> int | None:
+        """Scans per record image (None: all); see the ``fidelity`` argument."""
+        return self._fidelity
+
+    @fidelity.setter
+    def fidelity(self, value: int | None) -> None:
+        if value is not None:
+            if self.records is None:
+                raise ValueError("fidelity applies to a records source only")
+            if not 1 <= value <= self.records.scans:
+                raise ValueError(f"fidelity must be 1..{self.records.scans} for {self.records.root}, not {value}")
+        self._fidelity = value
+
+    def _reader(self, index: int):
+        if self.records is None:
+            return None
+        rf, i = self._entries[index]
+        return functools.partial(rf.image, i, self._fidelity)
 
     def __len__(self) -> int:
         """Batches per epoch for this rank."""
@@ -239,7 +280,8 @@ class Loader:
                         sample = self.samples[index]
                         buf.labels[slot] = sample.label
                         buf.indices[slot] = index
-                    self.service.submit_many([Task(index, self.samples[index].path, buf, slot, pending.done)
+                    self.service.submit_many([Task(index, self.samples[index].path, buf, slot, pending.done,
+                                                   self._reader(index))
                                               for slot, index in enumerate(chunk)])
             except BaseException as exc:  # surfaces in the iterating thread
                 failure.append(exc)
@@ -418,6 +460,8 @@ class Loader:
         self.service.close(backend=False)
         self.pool.close()                     # its memory may be the devices'
         self.service.close_backend()
+        if self._owns_records and self.records is not None:
+            self.records.close()
 
     def __enter__(self):
         return self

@@ -82,13 +82,16 @@ class Outcome:
 @dataclass
 class Task:
     """One input to decode into slot ``slot`` of ``buffer``; ``done(task, outcome)`` is
-    called exactly once, from a service thread."""
+    called exactly once, from a service thread. ``read``, when given, returns the input's
+    bytes instead of reading the file ``path`` (which then only names the input, e.g. an
+    image of a record file, :mod:`dlbooster.records`)."""
 
     index: int
     path: str
     buffer: Any
     slot: int
     done: Callable[[Task, Outcome], None]
+    read: Callable[[], bytes] | None = None
 
 
 @dataclass
@@ -404,12 +407,20 @@ class DecodeService:
             depths[f"device{d.number}"] = d.queue.qsize()
         return depths
 
-    def _read(self, task: Task) -> tuple[bytes, os.stat_result]:
-        """The input's bytes and status.
+    def _read(self, task: Task) -> tuple[bytes, os.stat_result | None]:
+        """The input's bytes and its file's status (None for a ``task.read`` input).
 
         Raises:
             DecodeError: unreadable (reason ``unreadable``) or empty (``undecodable``).
         """
+        if task.read is not None:
+            try:
+                data = task.read()
+            except (OSError, ValueError, IndexError) as exc:   # RecordError is a ValueError
+                raise DecodeError("unreadable", str(exc), task.path) from exc
+            if not data:
+                raise DecodeError("undecodable", "empty input", task.path)
+            return data, None
         try:
             # A FIFO would block open() and /dev/zero would fill memory: regular files only.
             if not stat.S_ISREG(os.stat(task.path).st_mode):
@@ -432,15 +443,16 @@ class DecodeService:
         """
         try:
             data, st = self._read(task)
-            key = (st.st_size, st.st_mtime_ns)
-            cached = self._screens.get(task.path)
+            key = (st.st_size, st.st_mtime_ns) if st is not None else None
+            cached = self._screens.get(task.path) if key is not None else None
             if cached is None or cached[0] != key:
                 # The device checks the entropy-coded data itself: headers suffice here.
                 info = jpeg.parse(data, headers_only=True)
                 frame = info.frame
                 cached = (key, jpeg.host_prescreen(info, max_width=self.max_width),
                           frame.width if frame else 0, frame.height if frame else 0)
-                self._screens[task.path] = cached
+                if key is not None:
+                    self._screens[task.path] = cached
             _, reason, width, height = cached
             if reason is not None:
                 self._to_cpu(task, data, reason, "host pre-screen")

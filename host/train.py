@@ -64,6 +64,14 @@ class TrainConfig:
         checkpoint: file saved after every epoch (and every ``checkpoint_every`` steps).
         resume: continue from ``checkpoint`` when it exists.
         progress: a progress bar per epoch on rank 0.
+        records: a folder of Progressive Compressed Records to train on instead of
+            ``data`` (:mod:`dlbooster.records`): ``train/`` and ``val/`` record sets as
+            ``dlbooster records write`` makes of the hymenoptera layout, or one record
+            set (no validation). Record images decode on the CPU path.
+        fidelity: records only: scans per training image (1..scans), ``"auto"``
+            (:func:`dlbooster.fidelity.choose_fidelity` at ``fidelity_threshold``) or None
+            (full). Validation always reads full fidelity.
+        fidelity_threshold: gradient cosine similarity ``"auto"`` must reach.
     """
 
     data: str | None = None
@@ -91,6 +99,9 @@ class TrainConfig:
     checkpoint_every: int = 0
     resume: bool = False
     progress: bool = False
+    records: str | None = None
+    fidelity: int | str | None = None
+    fidelity_threshold: float = 0.9
 
 
 def photo_dataset(out_dir: str | os.PathLike, *, crops: int = 8, val_crops: int = 2,
@@ -225,11 +236,15 @@ def train(config: TrainConfig, *, on_epoch=None, on_step=None) -> dict:
         time over wall time during training), ``backend``, ``backward``, ``epochs``
         (per-epoch figures), ``outcomes`` (training decode outcomes by status and
         reason, this rank), ``fallbacks`` (how many of them fell back to the CPU), ``world_size``,
-        ``model``, ``classes``, ``resumed_from`` (step) and ``trace``.
+        ``model``, ``classes``, ``resumed_from`` (step), ``trace``, and with records
+        ``fidelity`` (the scans per training image, None: all) and ``fidelity_choice``
+        (the ``"auto"`` search: scores per fidelity).
 
     Raises:
-        ValueError: a bad setting (unknown model, backward or neither epochs nor steps).
+        ValueError: a bad setting (unknown model, backward or neither epochs nor steps,
+            ``fidelity`` without records or out of range).
         FileNotFoundError: the data folder is missing or has no classes.
+        dlbooster.records.RecordError: a corrupt record file.
     """
     import tempfile
 
@@ -251,8 +266,26 @@ def train(config: TrainConfig, *, on_epoch=None, on_step=None) -> dict:
     if device.type == "cuda" and device.index is None:
         device = torch.device("cuda", dist.local_rank)
         torch.cuda.set_device(device)
-    tmp = None
+    if config.fidelity is not None and config.records is None:
+        raise ValueError("fidelity applies to records (--records) only")
+    tmp, record_sets = None, []
     try:
+        if config.records is not None:
+            from .records import RecordSet, is_record_dir
+
+            root = Path(config.records)
+            if is_record_dir(root / "train"):
+                record_sets.append(RecordSet(root / "train"))
+                if is_record_dir(root / "val"):
+                    record_sets.append(RecordSet(root / "val"))
+            elif is_record_dir(root):
+                record_sets.append(RecordSet(root))
+            else:
+                raise FileNotFoundError(f"{root}: no record files (in it or in train/)")
+            if len(record_sets) == 2 and record_sets[1].classes != record_sets[0].classes:
+                raise ValueError(f"{root}: train/ and val/ records have different classes")
+            return _run(config, device, dist, record_sets[0], record_sets[1] if len(record_sets) == 2 else None,
+                        record_sets[0].classes, on_epoch, on_step)
         if config.data is None:
             tmp = tempfile.mkdtemp(prefix="dlbooster-photos-")
             root = photo_dataset(tmp, seed=config.seed)
@@ -261,14 +294,18 @@ def train(config: TrainConfig, *, on_epoch=None, on_step=None) -> dict:
             if not root.is_dir():
                 raise FileNotFoundError(f"{root}: no such folder")
         train_samples, val_samples, classes = _split(root)
-        return _run(config, device, dist, train_samples, val_samples, classes, on_epoch, on_step)
+        return _run(config, device, dist, [(s.path, s.label) for s in train_samples],
+                    [(s.path, s.label) for s in val_samples] or None, classes, on_epoch, on_step)
     finally:
+        for records in record_sets:
+            records.close()
         dist.close()
         if tmp is not None:
             shutil.rmtree(tmp, ignore_errors=True)
 
 
-def _run(config, device, dist, train_samples, val_samples, classes, on_epoch, on_step) -> dict:
+def _run(config, device, dist, train_source, val_source, classes, on_epoch, on_step) -> dict:
+    """Train on ``train_source`` (a Loader source: (path, label) pairs or a RecordSet)."""
     import torch
     import torchvision
     from torch import nn
@@ -288,13 +325,23 @@ def _run(config, device, dist, train_samples, val_samples, classes, on_epoch, on
         if config.backend == "sim" else {}
     loader_args = dict(backend=config.backend, seed=config.seed, device=device, cpu_workers=config.workers,
                        backend_options=options, rank=dist.rank, world_size=dist.world)
-    loader = Loader([(s.path, s.label) for s in train_samples], config.batch_size, shuffle=True,
+    fidelity, choice = config.fidelity, None
+    if fidelity == "auto":
+        from .fidelity import choose_fidelity
+
+        choice = choose_fidelity(model, train_source, batch_size=config.batch_size, image_size=config.image_size,
+                                 threshold=config.fidelity_threshold, device=device, seed=config.seed,
+                                 cpu_workers=config.workers)
+        # Every rank measures the same batches; rank 0's choice is the one all use.
+        fidelity = int(dist.all_sum([choice.fidelity if dist.rank == 0 else 0])[0])
+        log.info("fidelity %d chosen (gradient cosine similarity %s)", fidelity, choice.scores)
+    loader = Loader(train_source, config.batch_size, shuffle=True, fidelity=fidelity,
                     # Ranks' augmentation streams must not meet: the transform adds the epoch.
                     transform=train_transform(config.image_size, seed=config.seed + 1_000_003 * dist.rank),
                     progress=config.progress, trace=trace, **loader_args)
-    val_loader = Loader([(s.path, s.label) for s in val_samples], config.batch_size, shuffle=False,
+    val_loader = Loader(val_source, config.batch_size, shuffle=False,
                         transform=eval_transform(config.image_size, resize=config.image_size * 8 // 7),
-                        **loader_args) if val_samples else None
+                        **loader_args) if val_source is not None else None
     scheduler_split = None
     if config.backward == "split":
         scheduler_split = SplitBackward(model, streams=config.streams, trace=trace)
@@ -338,6 +385,9 @@ def _run(config, device, dist, train_samples, val_samples, classes, on_epoch, on
                "val_top1": None, "host_cores": 0.0, "backend": loader.backend_name, "backward": config.backward,
                "model": config.model, "classes": len(classes), "world_size": dist.world, "device": str(device),
                "lr": lr, "epochs": [], "outcomes": {}, "fallbacks": 0, "resumed_from": resumed, "trace": config.trace}
+    if config.records is not None:
+        summary.update(records=config.records, fidelity=fidelity,
+                       fidelity_choice=choice.to_json() if choice is not None else None)
     images_total, wall_total, cpu_total = 0, 0.0, 0.0
     try:
         while step < total:

@@ -1,0 +1,121 @@
+"""Automatic choice of a record fidelity by gradient similarity (Kuchnik et al., VLDB 2021).
+
+For a few fixed batches, the model's gradient of the training loss is computed on the
+images decoded at full fidelity and at fidelity ``k`` (same images, same deterministic
+resize and centre crop, same labels); ``k``'s score is the mean cosine similarity of the
+flattened gradients over the batches. The chosen fidelity is the smallest ``k`` whose
+score reaches the threshold: below it, training on fewer bytes would follow a
+noticeably different descent direction.
+"""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass, field
+
+__all__ = ["FidelityChoice", "choose_fidelity"]
+
+
+@dataclass
+class FidelityChoice:
+    """Result of :func:`choose_fidelity`.
+
+    Attributes:
+        fidelity: the chosen k (1..scans).
+        threshold: the cosine similarity it had to reach.
+        scores: k -> mean cosine similarity of the gradients at k and at full fidelity,
+            for each k tried (ascending; the search stops at the first k that passes).
+        batches, batch_size: what the scores were measured on.
+    """
+
+    fidelity: int
+    threshold: float
+    scores: dict[int, float] = field(default_factory=dict)
+    batches: int = 0
+    batch_size: int = 0
+
+    def to_json(self) -> dict:
+        return {"fidelity": self.fidelity, "threshold": self.threshold,
+                "scores": {str(k): v for k, v in self.scores.items()},
+                "batches": self.batches, "batch_size": self.batch_size}
+
+
+def _gradients(model, loss_fn, batches) -> list:
+    import torch
+
+    grads = []
+    for images, labels in batches:
+        model.zero_grad(set_to_none=True)
+        loss_fn(model(images), labels).backward()
+        grads.append(torch.cat([p.grad.reshape(-1) for p in model.parameters() if p.grad is not None]).clone())
+    return grads
+
+
+def choose_fidelity(model, records, *, batch_size: int = 32, batches: int = 2, image_size: int = 224,
+                    threshold: float = 0.9, device="cpu", seed: int = 0, loss_fn=None,
+                    cpu_workers: int | None = None) -> FidelityChoice:
+    """Smallest fidelity whose gradients match full fidelity's (see the module docstring).
+
+    Args:
+        model: the ``torch.nn.Module`` to be trained (a copy is used; its parameters,
+            buffers and gradients are left as they were).
+        records: a :class:`~dlbooster.records.RecordSet` or a folder of records.
+        batch_size, batches: the fixed batches measured (the first ``batches`` of a
+            shuffle by ``seed``).
+        image_size: the evaluation transform's centre crop (resize to ``image_size * 8 // 7``).
+        threshold: cosine similarity to reach, in (-1, 1].
+        device: where the model runs.
+        loss_fn: ``loss_fn(logits, labels)``; default cross-entropy.
+
+    Returns:
+        a :class:`FidelityChoice`.
+
+    Raises:
+        ValueError: threshold outside (-1, 1], batches or batch_size below 1.
+    """
+    import torch
+
+    from .loader import Loader
+    from .records import RecordSet
+    from .transforms import eval_transform
+
+    if not -1.0 < threshold <= 1.0:
+        raise ValueError(f"threshold must be in (-1, 1], not {threshold}")
+    if batches < 1 or batch_size < 1:
+        raise ValueError("batches and batch_size must be at least 1")
+    owned = not isinstance(records, RecordSet)
+    records = RecordSet(records) if owned else records
+    loss_fn = loss_fn or torch.nn.functional.cross_entropy
+    probe = copy.deepcopy(model).to(device)
+    probe.train()
+    try:
+        transform = eval_transform(image_size, resize=image_size * 8 // 7)
+
+        def take(fidelity):
+            with Loader(records, batch_size, backend="cpu", shuffle=True, seed=seed, device=device,
+                        transform=transform, on_error="skip", fidelity=fidelity, rank=0, world_size=1,
+                        cpu_workers=cpu_workers) as loader:
+                out = []
+                for images, labels in loader:
+                    out.append((images, labels))
+                    if len(out) == batches:
+                        break
+                return out
+
+        # Batch-norm running statistics move in train mode: each pass starts from the same state.
+        state = copy.deepcopy(probe.state_dict())
+        full = _gradients(probe, loss_fn, take(None))
+        choice = FidelityChoice(records.scans, threshold, batches=len(full), batch_size=batch_size)
+        for k in range(1, records.scans):
+            probe.load_state_dict(state)
+            grads = _gradients(probe, loss_fn, take(k))
+            score = float(torch.stack([torch.nn.functional.cosine_similarity(a, b, dim=0)
+                                       for a, b in zip(grads, full)]).mean())
+            choice.scores[k] = score
+            if score >= threshold:
+                choice.fidelity = k
+                break
+        return choice
+    finally:
+        if owned:
+            records.close()
