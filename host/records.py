@@ -76,9 +76,10 @@ class RecordError(ValueError):
 # --------------------------------------------------------------------------- JPEG side
 
 def _segment_end(data: bytes, pos: int, path: str) -> int:
-    if pos + 4 > len(data):
+    end = pos + 2 + int.from_bytes(data[pos + 2:pos + 4], "big") if pos + 4 <= len(data) else len(data) + 1
+    if end > len(data):
         raise RecordError(f"{path}: marker segment at byte {pos} runs past the end")
-    return pos + 2 + int.from_bytes(data[pos + 2:pos + 4], "big")
+    return end
 
 
 def _entropy_end(data: bytes, pos: int) -> int:

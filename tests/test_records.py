@@ -1,0 +1,346 @@
+"""Progressive Compressed Records (issue 11): lossless transcoding, the record format,
+its reader's checks, the Loader at each fidelity, the fidelity choice and the CLI.
+
+Inputs are JPEGs generated from scikit-image's photographs with Pillow (every
+subsampling, grayscale, CMYK, restart intervals, optimised tables, progressive
+sources); Pillow is the oracle for every decoded pixel.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import shutil
+import struct
+from pathlib import Path
+
+import numpy as np
+import pytest
+from jpegtools import make_jpeg, photo_crop, pillow_rgb, png_bytes
+
+from dlbooster import records as R
+
+pytestmark = pytest.mark.skipif(shutil.which("jpegtran") is None,
+                                reason="jpegtran missing (apt-get install libjpeg-turbo-progs)")
+
+# (name, width, height, make_jpeg options): one per feature the records must carry.
+VARIANTS = [
+    ("c420", 96, 80, dict(subsampling=2, quality=80)),
+    ("c422", 67, 45, dict(subsampling=1, quality=90)),
+    ("c444", 40, 33, dict(subsampling=0, quality=60, name="coffee.png")),
+    ("c440", 50, 48, dict(subsampling="440", quality=75)),
+    ("gray", 72, 41, dict(subsampling="gray", quality=85)),
+    ("restart", 120, 64, dict(subsampling=2, quality=70, restart_blocks=3)),
+    ("optimised", 88, 88, dict(subsampling=2, quality=95, optimize=True, name="chelsea.png")),
+    ("progressive", 64, 72, dict(subsampling=2, quality=75, progressive=True)),
+    ("cmyk", 32, 24, dict(subsampling=0, quality=90, mode="CMYK")),
+]
+
+
+def _folder(root: Path) -> Path:
+    """An ImageFolder: two classes, the variants alternating between them."""
+    for n, (name, w, h, options) in enumerate(VARIANTS):
+        d = root / f"class{n % 2}"
+        d.mkdir(parents=True, exist_ok=True)
+        (d / f"{name}.jpg").write_bytes(make_jpeg(w, h, **options))
+    return root
+
+
+@pytest.fixture(scope="module")
+def written(tmp_path_factory):
+    """(source folder, record folder, WriteReport) with 4 images per record."""
+    tmp = tmp_path_factory.mktemp("records")
+    src = _folder(tmp / "src")
+    report = R.write_records(src, tmp / "rec", images_per_record=4)
+    return src, tmp / "rec", report
+
+
+def _rgb(data: bytes) -> np.ndarray:
+    image, exc = pillow_rgb(data)
+    assert exc is None, exc
+    return image
+
+
+def test_split_scans_round_trip():
+    baseline = make_jpeg(48, 40, subsampling=2, restart_blocks=2)
+    pieces = R.split_scans(baseline)
+    assert len(pieces) == 2 and pieces[0].startswith(b"\xff\xd8")
+    assert pieces[1].startswith(b"\xff\xc4") or pieces[1].startswith(b"\xff\xda")
+    assert R.rebuild(pieces) == baseline           # Pillow ends with EOI and nothing after it
+    progressive = R.transcode(baseline)
+    pieces = R.split_scans(progressive)
+    assert len(pieces) == 11                       # jpegtran's simple progression for colour
+    assert R.rebuild(pieces) == progressive
+    assert all(p.count(b"\xff\xda") == 1 for p in pieces[1:]) and b"\xff\xda" not in pieces[0]
+    for bad, message in ((b"GIF89a", "no SOI"), (b"\xff\xd8\xff\xd9", "no scan"),
+                         (b"\xff\xd8\xff\xdb\x01\x00", "past the end")):
+        with pytest.raises(R.RecordError, match=message):
+            R.split_scans(bad)
+
+
+def test_write_is_lossless_and_ordered(written):
+    src, rec, report = written
+    from dlbooster.sources import image_folder
+
+    samples, classes, _ = image_folder(src)
+    assert report.images == len(VARIANTS) and report.skipped == []
+    # jpegtran's simple progression: 10 scans for YCbCr, 2 + 4 x components otherwise.
+    assert len(report.records) == 3 and report.scans == 18
+    with R.RecordSet(rec) as records:
+        assert records.classes == classes and len(records) == len(samples)
+        assert records.labels() == [s.label for s in samples]
+        for (rf, i), sample in zip(records.entries(), samples):
+            assert rf.names[i] == os.path.relpath(sample.path, src)
+            assert rf.source_bytes[i] == os.path.getsize(sample.path)
+            source = _rgb(Path(sample.path).read_bytes())
+            assert np.array_equal(_rgb(rf.image(i)), source), sample.path        # bit-exact
+            assert rf.scan_counts[i] == (6 if "gray" in sample.path else 18 if "cmyk" in sample.path else 10)
+
+
+def test_fidelities_decode_and_grow(written):
+    _, rec, _ = written
+    with R.RecordSet(rec) as records:
+        sizes = [records.prefix_bytes(k) for k in range(1, records.scans + 1)]
+        assert sizes == sorted(sizes) and sizes[0] < sizes[-1] == records.prefix_bytes(None)
+        assert sizes[-1] == sum(os.path.getsize(f.path) for f in records.files)
+        for rf in records.files:
+            for k in (1, 3, rf.scans):
+                prefix = rf.read_prefix(k)
+                for i in range(rf.images):
+                    data = rf.image(i, k)
+                    assert prefix[i] == data                    # one read == random access
+                    assert data.endswith(b"\xff\xd9")
+                    image = _rgb(data)                          # every fidelity decodes
+                    assert image.shape == _rgb(rf.image(i)).shape
+            first = rf.image(0, 1)
+            assert len(first) < len(rf.image(0))
+            with pytest.raises(ValueError):
+                rf.image(0, 0)
+            with pytest.raises(IndexError):
+                rf.image(rf.images, 1)
+
+
+def test_skipped_inputs_are_reported(tmp_path):
+    src = tmp_path / "src"
+    (src / "a").mkdir(parents=True)
+    good = make_jpeg(32, 32)
+    (src / "a" / "good.jpg").write_bytes(good)
+    (src / "a" / "png.jpg").write_bytes(png_bytes(photo_crop(16, 16)))
+    (src / "a" / "empty.jpg").write_bytes(b"")
+    (src / "a" / "truncated.jpg").write_bytes(good[: len(good) // 2])
+    report = R.write_records(src, tmp_path / "rec")
+    assert report.images == 1
+    skipped = dict(report.skipped)
+    assert set(skipped) == {str(src / "a" / n) for n in ("png.jpg", "empty.jpg", "truncated.jpg")}
+    for path, reason in skipped.items():
+        assert path in reason and ("jpegtran" in reason or "Pillow" in reason)
+    with pytest.raises(FileExistsError):
+        R.write_records(src, tmp_path / "rec")
+
+
+def _copy(rec: Path, tmp: Path) -> Path:
+    target = tmp / "one.pcr"
+    shutil.copy(sorted(rec.glob("*.pcr"))[0], target)
+    return target
+
+
+def test_reader_rejects_damage(written, tmp_path):
+    _, rec, _ = written
+    path = _copy(rec, tmp_path)
+    good = path.read_bytes()
+    with R.RecordFile(path) as rf:
+        offsets, lengths = rf.group_offsets.copy(), rf.group_lengths.copy()
+        full = [rf.image(i) for i in range(rf.images)]
+
+    # A flipped byte in scan group 3: fidelities below 3 still read, 3 and above fail.
+    damaged = bytearray(good)
+    damaged[int(offsets[3]) + int(lengths[3]) // 2] ^= 0x40
+    path.write_bytes(bytes(damaged))
+    with R.RecordFile(path) as rf:
+        assert rf.image(0, 2) == R.rebuild(R.split_scans(full[0])[:3])
+        with pytest.raises(R.RecordError, match=r"one.pcr: corrupt record: scan group 3 CRC"):
+            rf.image(0, 3)
+        with pytest.raises(R.RecordError, match="scan group 3"):
+            rf.read_prefix(5)
+
+    # Truncated inside the last group: the header still opens, full fidelity fails.
+    path.write_bytes(good[: int(offsets[-1]) + 5])
+    with R.RecordFile(path) as rf:
+        assert rf.read_prefix(rf.scans - 1)
+        with pytest.raises(R.RecordError, match="truncated record"):
+            rf.image(rf.scan_counts.index(rf.scans))          # the image with the last group
+        with pytest.raises(R.RecordError, match="truncated record"):
+            rf.read_prefix(None)
+
+    for data, message in ((good[:20], "truncated record|bad magic"), (good[:100], "truncated record"),
+                          (b"PK\x03\x04" + good[4:], "bad magic"),
+                          (good[:8] + struct.pack("<I", 2) + good[12:], "version 2"),
+                          (good[:40] + bytes([good[40] ^ 1]) + good[41:], "header CRC")):
+        path.write_bytes(data)
+        with pytest.raises(R.RecordError, match=message):
+            R.RecordFile(path)
+
+
+def test_loader_reads_records_at_each_fidelity(written):
+    import torch
+
+    from dlbooster import Loader
+
+    _, rec, _ = written
+    records = R.RecordSet(rec)
+    expected = {}
+    for k in (1, 4, None):
+        with Loader(records, 4, backend="cpu", shuffle=True, seed=3, fidelity=k) as loader:
+            seen = []
+            for batch in loader:
+                for slot, index in enumerate(batch.indices.tolist()):
+                    rf, i = list(records.entries())[index]
+                    ref = _rgb(rf.image(i, k))
+                    h, w = batch.sizes[slot].tolist()
+                    got = batch.images[slot, :, :h, :w].permute(1, 2, 0).numpy()
+                    assert np.array_equal(got, ref), (index, k)
+                    assert batch.labels[slot].item() == rf.labels[i]
+                    seen.append(index)
+                assert batch.outcomes == []
+            assert sorted(seen) == list(range(len(records)))
+            assert loader.report.accounted == loader.report.positions == len(records)
+            expected[k] = seen
+    assert expected[1] == expected[4] == expected[None]    # fidelity changes bytes, not order
+    # Sharding: the two ranks' indices are DistributedSampler's.
+    sampler = torch.utils.data.DistributedSampler(range(len(records)), num_replicas=2, rank=1, shuffle=True, seed=3)
+    with Loader(records, 2, backend="cpu", seed=3, rank=1, world_size=2, fidelity=2) as loader:
+        assert [i for b in loader for i in b.indices.tolist()] == list(sampler)
+    with pytest.raises(ValueError, match="fidelity must be 1..18"):
+        Loader(records, 2, backend="cpu", fidelity=19)
+    with pytest.raises(ValueError, match="records source only"):
+        Loader([(str(rec), 0)], 2, backend="cpu", fidelity=1)
+    records.close()
+
+
+def test_loader_reports_a_corrupt_record_per_sample(written, tmp_path):
+    from dlbooster import Loader
+
+    _, rec, _ = written
+    folder = tmp_path / "rec"
+    shutil.copytree(rec, folder)
+    victim = sorted(folder.glob("*.pcr"))[1]
+    data = bytearray(victim.read_bytes())
+    with R.RecordFile(victim) as rf:
+        spot = int(rf.group_offsets[2]) + 1
+        count = rf.images
+    data[spot] ^= 0xFF
+    victim.write_bytes(bytes(data))
+    with Loader(str(folder), 3, backend="cpu", shuffle=False, fidelity=1) as loader:   # group 2 unread
+        assert sum(len(b.indices) for b in loader) == len(VARIANTS)
+    with Loader(str(folder), 3, backend="cpu", shuffle=False, on_error="skip") as loader:
+        delivered = sum(len(b.indices) for b in loader)
+        skipped = loader.report.skipped
+    assert delivered == len(VARIANTS) - count and len(skipped) == count
+    for outcome in skipped:
+        assert outcome.status == "error" and outcome.reason == "unreadable"
+        assert outcome.path.startswith(str(victim) + "#") and "scan group 2 CRC" in outcome.detail
+
+
+def test_device_backend_sends_records_to_the_cpu(written):
+    """Progressive images are outside the hardware profile: the device's header parser
+    declines each at its SOF2 marker, within a few hundred clocks, and the CPU path
+    decodes it (fallback, reason progressive)."""
+    from dlbooster import Loader
+
+    _, rec, _ = written
+    with Loader(str(rec), 9, backend="sim", backend_options={"lanes": 1, "max_width": 256},
+                shuffle=False, fidelity=3) as loader:
+        batch = next(iter(loader))
+        assert {(o.status, o.reason) for o in batch.outcomes} == {("fallback", "progressive")}
+        assert len(batch.outcomes) == len(VARIANTS)
+        assert all("device status" in o.detail for o in batch.outcomes)
+        stats = loader.service.stats
+        assert stats.jobs == len(VARIANTS) and sum(stats.lane_clocks.values()) < 1000 * len(VARIANTS)
+
+
+class _Tiny:
+    """A small CNN (fast on the CPU) for the fidelity search."""
+
+    @staticmethod
+    def make():
+        import torch
+
+        torch.manual_seed(0)
+        return torch.nn.Sequential(torch.nn.Conv2d(3, 8, 3, stride=2), torch.nn.BatchNorm2d(8), torch.nn.ReLU(),
+                                   torch.nn.AdaptiveAvgPool2d(1), torch.nn.Flatten(), torch.nn.Linear(8, 2))
+
+
+def test_choose_fidelity(written):
+    import torch
+
+    from dlbooster.fidelity import choose_fidelity
+
+    _, rec, _ = written
+    model = _Tiny.make()
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    low = choose_fidelity(model, rec, batch_size=4, batches=2, image_size=32, threshold=-0.999)
+    assert low.fidelity == 1 and list(low.scores) == [1] and low.batches == 2
+    strict = choose_fidelity(model, rec, batch_size=4, batches=2, image_size=32, threshold=1.0)
+    assert list(strict.scores) == list(range(1, 18))
+    assert all(-1.0 <= s <= 1.0 + 1e-6 for s in strict.scores.values())
+    assert strict.fidelity == next((k for k, s in strict.scores.items() if s >= 1.0), 18)
+    mid = choose_fidelity(model, rec, batch_size=4, batches=2, image_size=32,
+                          threshold=(strict.scores[1] + strict.scores[17]) / 2)
+    assert mid.fidelity == next(k for k, s in strict.scores.items() if s >= mid.threshold)
+    assert mid.scores == {k: pytest.approx(strict.scores[k], abs=1e-5) for k in mid.scores}
+    for k, v in model.state_dict().items():                   # the model is left as it was
+        assert torch.equal(v, before[k]), k
+    with pytest.raises(ValueError):
+        choose_fidelity(model, rec, threshold=1.5)
+
+
+def _cli(*args) -> tuple[int, str, str]:
+    import contextlib
+
+    from dlbooster.cli import main
+
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        code = main(list(args))
+    return code, out.getvalue(), err.getvalue()
+
+
+def test_cli_write_info_and_train(tmp_path):
+    src = tmp_path / "data"
+    for split, n in (("train", 6), ("val", 4)):
+        for c in ("ants", "bees"):
+            d = src / split / c
+            d.mkdir(parents=True)
+            for j in range(n // 2):
+                name = ("astronaut.png", "coffee.png", "chelsea.png")[j % 3]
+                (d / f"{j}.jpg").write_bytes(make_jpeg(48 + 8 * j, 40, name=name, subsampling=j % 3))
+    code, out, err = _cli("records", "write", str(src), str(tmp_path / "rec"), "--images-per-record", "4", "--json")
+    assert code == 0, err
+    reports = json.loads(out)
+    assert {Path(k).name for k in reports} == {"train", "val"}
+    assert reports[str(tmp_path / "rec" / "train")]["images"] == 6
+    code, out, err = _cli("records", "info", str(tmp_path / "rec" / "train"), "--json", "--sample", "3")
+    assert code == 0, err
+    result = json.loads(out)
+    rows = result["fidelities"]
+    assert [r["fidelity"] for r in rows] == list(range(1, 11)) and rows[-1]["of_full"] == 1.0
+    assert rows[-1]["psnr_mean_db"] is None and rows[-1]["identical"] == 3
+    assert all(r["psnr_mean_db"] is not None and 10 < r["psnr_mean_db"] < 99 for r in rows[:5])
+    code, out, _ = _cli("records", "info", str(tmp_path / "rec" / "val"))
+    assert code == 0 and "PSNR mean dB" in out
+    code, _, err = _cli("records", "write", str(src), str(tmp_path / "rec"))
+    assert code == 2 and "already holds record files" in err
+    code, _, err = _cli("records", "info", str(tmp_path))
+    assert code == 2 and "no record files" in err
+
+    code, out, err = _cli("train", "--records", str(tmp_path / "rec"), "--fidelity", "auto", "--steps", "2",
+                          "--batch-size", "3", "--image-size", "32", "--json")
+    assert code == 0, err
+    summary = json.loads(out)
+    assert summary["records"] == str(tmp_path / "rec") and summary["backend"] == "cpu"
+    assert 1 <= summary["fidelity"] <= 10 and summary["fidelity_choice"]["fidelity"] == summary["fidelity"]
+    assert summary["steps"] == 2 and summary["val_top1"] is not None
+    assert set(summary["outcomes"]) == {"ok"}
+    code, _, err = _cli("train", "--fidelity", "2", "--steps", "1")
+    assert code == 2 and "--fidelity needs --records" in err
