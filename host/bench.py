@@ -55,9 +55,27 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                        ("device", "simulated decoder device: clocks/s, images/s, 1..N lanes"),
                        ("host", "runtime host cost per image, driving an instant device"),
                        ("loader", "Loader images/s vs torchvision DataLoader; sim lanes"),
-                       ("backward", "training iteration time: autograd vs split backward")):
+                       ("backward", "training iteration time: autograd vs split backward"),
+                       ("records", "Progressive Compressed Records: bytes, PSNR, read and loader "
+                                   "throughput per fidelity; optional training comparison")):
         p = kinds.add_parser(kind, help=text, description=text)
-        if kind != "backward":
+        if kind == "records":
+            p.add_argument("paths", nargs="*", metavar="DATASET",
+                           help="ImageFolder roots or folders of images (default: the corpus's "
+                                "hymenoptera and ImageNet sample photos)")
+            p.add_argument("--fidelities", help="comma-separated fidelities to read and load "
+                                                "(default: 1, 2, 5 and full)")
+            p.add_argument("--rounds", type=int, default=5, help="alternating read rounds")
+            p.add_argument("--sample", type=int, default=16, help="images whose PSNR is measured")
+            p.add_argument("--images-per-record", type=int, default=256)
+            p.add_argument("--loader-epochs", type=int, default=2, help="timed Loader epochs (0: none)")
+            p.add_argument("--batch-size", type=int, default=32)
+            p.add_argument("--workers", type=int, default=2, help="CPU decode threads")
+            p.add_argument("--train-epochs", type=int, default=0, help="training comparison epochs (0: none)")
+            p.add_argument("--train-fidelity", type=int, default=2, help="the low fidelity trained at")
+            p.add_argument("--model", default="resnet18")
+            p.add_argument("--image-size", type=int, default=112, help="training crop, pixels")
+        elif kind != "backward":
             p.add_argument("paths", nargs="*", metavar="PATH",
                            help="files or folders (default: the corpus ImageNet sample photos)")
             p.add_argument("--limit", type=int, default=0, help="use at most N files")
@@ -497,8 +515,49 @@ def _print_idct(result: dict) -> None:
         print(f"{config['model_mismatches']} files differ from the model")
 
 
+def _run_records(args: argparse.Namespace) -> dict:
+    from .bench_records import bench_records
+    from .samples import default_corpus
+
+    paths = args.paths
+    if not paths:
+        corpus = default_corpus()
+        if corpus is None:
+            raise SystemExit("no DATASET given and no shared corpus found (set DLBOOSTER_CORPUS)")
+        paths = [str(corpus / "hymenoptera" / "hymenoptera_data"), str(corpus / "imagenet-sample-images")]
+    fidelities = [int(k) for k in args.fidelities.split(",")] if args.fidelities else None
+    result = bench_records(paths, fidelities=fidelities, rounds=args.rounds,
+                           sample=args.sample, images_per_record=args.images_per_record,
+                           loader_epochs=args.loader_epochs, batch_size=args.batch_size, workers=args.workers,
+                           train_epochs=args.train_epochs, train_fidelity=args.train_fidelity, model=args.model,
+                           image_size=args.image_size, progress=lambda m: print(m, file=sys.stderr, flush=True))
+    result.update(_machine())
+    for d in result["datasets"]:
+        print(f"\n{d['name']}: {d['images']} images ({len(d['skipped'])} skipped), {d['scans']} scan groups, "
+              f"written in {d['write_s']:.1f} s; sources {d['source_bytes']:,} bytes, records "
+              f"{d['record_bytes']:,} ({d['record_bytes'] / d['source_bytes']:.3f})")
+        db = lambda v: "-" if v is None else f"{v:.2f}"  # noqa: E731
+        print(_table(["fidelity", "bytes/epoch", "of sources", "PSNR mean dB", "PSNR min dB"],
+                     [[r["fidelity"], f"{r['bytes']:,}", f"{r['of_source']:.3f}", db(r["psnr_mean_db"]),
+                       db(r["psnr_min_db"])] for r in d["fidelities"]]))
+        rows = []
+        for reader, modes in d["read"].items():
+            rows.append([reader, f"{modes['cold']['bytes']:,}", f"{modes['cold']['mb_per_s']:.0f}",
+                         f"{modes['cold']['images_per_s']:.0f}", f"{modes['warm']['mb_per_s']:.0f}",
+                         f"{modes['warm']['images_per_s']:.0f}",
+                         f"{d['loader'][reader]['images_per_s']:.0f}" if reader in d["loader"] else "-"])
+        print(_table(["reader", "bytes", "cold MB/s", "cold images/s", "warm MB/s", "warm images/s",
+                      "Loader images/s"], rows))
+    if result["training"]:
+        print(_table(["training run", "fidelity", "bytes/epoch", "val top-1 per epoch", "last loss", "images/s"],
+                     [[r["run"], r["fidelity"] or "full", f"{r['train_bytes_per_epoch']:,}",
+                       " ".join(f"{100 * v:.1f}%" for v in r["val_top1_per_epoch"] if v is not None),
+                       f"{r['loss_last']:.3f}", f"{r['images_per_s']:.1f}"] for r in result["training"]]))
+    return result
+
+
 def run(args: argparse.Namespace) -> int:
-    files = _inputs(args) if args.kind != "backward" else []
+    files = _inputs(args) if args.kind not in ("backward", "records") else []
     failed = False
     if args.kind == "backward":
         from .bench_train import bench_backward
@@ -512,6 +571,8 @@ def run(args: argparse.Namespace) -> int:
                      [[result["model"], c["batch_size"], c["dtype"], f"{c['autograd_s'] * 1e3:.1f}",
                        f"{c['split_s'] * 1e3:.1f}", f"{c['split_over_autograd']:.3f}"] for c in result["configs"]]))
         print("split / autograd: the median of the per-round ratios")
+    elif args.kind == "records":
+        result = _run_records(args)
     elif args.kind == "lane":
         dropped = 0
         if args.recode:

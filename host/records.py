@@ -158,6 +158,19 @@ def rebuild(pieces: list[bytes] | tuple[bytes, ...]) -> bytes:
     return b"".join(pieces) + EOI
 
 
+def _jpegtran(tool: str | None) -> str:
+    """The jpegtran to run: ``tool``, else the one on PATH.
+
+    Raises:
+        RecordError: none on PATH.
+    """
+    found = tool or shutil.which("jpegtran")
+    if found is None:
+        raise RecordError("jpegtran not found: install libjpeg-turbo's tools "
+                          "(Debian: apt-get install libjpeg-turbo-progs)")
+    return found
+
+
 def transcode(data: bytes, path: str = "<bytes>", jpegtran: str | None = None) -> bytes:
     """``data`` losslessly re-encoded as a progressive JPEG by ``jpegtran -copy none
     -progressive`` (libjpeg-turbo's simple progression: 10 scans for colour, 6 for
@@ -170,11 +183,7 @@ def transcode(data: bytes, path: str = "<bytes>", jpegtran: str | None = None) -
     Raises:
         RecordError: jpegtran is missing, fails, or warns (e.g. corrupt data).
     """
-    tool = jpegtran or shutil.which("jpegtran")
-    if tool is None:
-        raise RecordError("jpegtran not found: install libjpeg-turbo's tools "
-                          "(Debian: apt-get install libjpeg-turbo-progs)")
-    run = subprocess.run([tool, "-copy", "none", "-progressive"], input=data, capture_output=True)
+    run = subprocess.run([_jpegtran(jpegtran), "-copy", "none", "-progressive"], input=data, capture_output=True)
     if run.returncode != 0 or not run.stdout:
         message = run.stderr.decode(errors="replace").strip() or f"exit status {run.returncode}"
         raise RecordError(f"{path}: jpegtran failed: {message}")
@@ -254,8 +263,7 @@ def write_records(src: str | os.PathLike, out_dir: str | os.PathLike, *, images_
     if images_per_record < 1:
         raise ValueError(f"images_per_record must be at least 1, not {images_per_record}")
     samples, classes, _ = image_folder(src)
-    if jpegtran is None and shutil.which("jpegtran") is None:
-        transcode(b"", "")                       # raises the missing-tool error
+    jpegtran = _jpegtran(jpegtran)
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     if any(out.glob("*" + SUFFIX)):

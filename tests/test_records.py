@@ -344,3 +344,31 @@ def test_cli_write_info_and_train(tmp_path):
     assert set(summary["outcomes"]) == {"ok"}
     code, _, err = _cli("train", "--fidelity", "2", "--steps", "1")
     assert code == 2 and "--fidelity needs --records" in err
+
+
+def test_bench_records_on_a_flat_folder(tmp_path):
+    """`dlbooster bench records` on a folder of photos without class folders (as the
+    ImageNet sample): the byte counts it reports are the files' and the records'."""
+    from dlbooster.bench_records import bench_records
+
+    flat = tmp_path / "flat"
+    flat.mkdir()
+    sizes = 0
+    for j in range(5):
+        data = make_jpeg(40 + 8 * j, 32, subsampling=j % 3, name=("astronaut.png", "coffee.png")[j % 2])
+        (flat / f"{j}.JPEG").write_bytes(data)
+        sizes += len(data)
+    result = bench_records([str(flat)], rounds=1, loader_epochs=1, batch_size=2, images_per_record=2,
+                           progress=lambda m: None)
+    (d,) = result["datasets"]
+    assert d["images"] == 5 and d["skipped"] == [] and d["source_bytes"] == sizes
+    assert [r["fidelity"] for r in d["fidelities"]] == list(range(1, 11))
+    assert d["fidelities"][-1]["bytes"] == d["record_bytes"]
+    assert set(d["read"]) == set(d["loader"]) == {"jpeg files", "records k=1", "records k=2", "records k=5",
+                                                  "records k=10"}
+    assert d["read"]["jpeg files"]["cold"]["bytes"] == sizes
+    by_k = {r["fidelity"]: r["bytes"] for r in d["fidelities"]}
+    for k in (1, 2, 5, 10):
+        assert d["read"][f"records k={k}"]["warm"]["bytes"] == by_k[k]
+        assert d["loader"][f"records k={k}"]["images_per_s"] > 0
+    assert result["training"] == []
