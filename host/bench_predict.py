@@ -75,13 +75,19 @@ def measure_iteration(model: str, batch_size: int, *, image_size: int = 128, pro
 
 
 def validate(models, batch_sizes, *, procs=(1, 2), image_size: int = 128, iterations: int = 5,
-             warmup: int = 2, progress=None) -> dict:
+             warmup: int = 2, rounds: int = 1, progress=None) -> dict:
     """Measured against predicted iteration time for every model x batch size x process
     count, with the calibrated ``cpu-p{procs}`` profiles.
 
+    With ``rounds`` > 1 every configuration is measured once per round, the rounds one
+    after another over all configurations, so that a slow spell of the machine touches
+    one measurement of many configurations rather than all of one; the measured time is
+    the median of the rounds' medians.
+
     Returns:
-        ``{"rows": [{"model", "batch_size", "procs", "measured_s", "predicted_s",
-        "error_pct"}, ...], "mean_error_pct", "worst_error_pct", "profiles": {...}}``.
+        ``{"rows": [{"model", "batch_size", "procs", "measured_s", "rounds_s",
+        "predicted_s", "error_pct"}, ...], "mean_error_pct", "worst_error_pct",
+        "profiles": {...}}``.
 
     Raises:
         FileNotFoundError: a profile is missing (``dlbooster predict calibrate --procs N``).
@@ -94,15 +100,17 @@ def validate(models, batch_sizes, *, procs=(1, 2), image_size: int = 128, iterat
         for batch in batch_sizes:
             work = workload(model, batch, image_size=image_size)
             for p in procs:
-                predicted = predict(work, profiles[p], gpus=p)["iteration_s"]
-                measured = measure_iteration(model, batch, image_size=image_size, procs=p,
-                                             iterations=iterations, warmup=warmup)
-                row = {"model": model, "batch_size": batch, "procs": p, "measured_s": measured,
-                       "predicted_s": predicted, "error_pct": 100 * abs(predicted - measured) / measured}
-                rows.append(row)
-                if progress:
-                    progress(row)
+                rows.append({"model": model, "batch_size": batch, "procs": p, "rounds_s": [],
+                             "predicted_s": predict(work, profiles[p], gpus=p)["iteration_s"]})
+    for _ in range(rounds):
+        for row in rows:
+            row["rounds_s"].append(measure_iteration(row["model"], row["batch_size"], image_size=image_size,
+                                                     procs=row["procs"], iterations=iterations, warmup=warmup))
+            row["measured_s"] = statistics.median(row["rounds_s"])
+            row["error_pct"] = 100 * abs(row["predicted_s"] - row["measured_s"]) / row["measured_s"]
+            if progress:
+                progress(row)
     errors = [r["error_pct"] for r in rows]
-    return {"image_size": image_size, "rows": rows, "mean_error_pct": statistics.mean(errors),
-            "worst_error_pct": max(errors),
+    return {"image_size": image_size, "rounds": rounds, "iterations": iterations, "rows": rows,
+            "mean_error_pct": statistics.mean(errors), "worst_error_pct": max(errors),
             "profiles": {p: profiles[p].source for p in procs}}

@@ -332,7 +332,8 @@ def _cmd_predict(args: argparse.Namespace) -> int:
         from .bench_predict import validate
 
         def show(r):
-            print(f"{r['model']:>20} b{r['batch_size']:<4} x{r['procs']}  measured {r['measured_s']:.3f} s  "
+            print(f"{r['model']:>20} b{r['batch_size']:<4} x{r['procs']}  round {len(r['rounds_s'])}  "
+                  f"measured {r['measured_s']:.3f} s  "
                   f"predicted {r['predicted_s']:.3f} s  error {r['error_pct']:.1f} %", file=sys.stderr)
 
         models = args.models.split(",")
@@ -340,7 +341,8 @@ def _cmd_predict(args: argparse.Namespace) -> int:
         procs = [int(p) for p in args.procs_list.split(",")]
         try:
             report = validate(models, batches, procs=procs, image_size=image_size,
-                              iterations=args.iterations, progress=None if args.quiet else show)
+                              iterations=args.iterations, rounds=args.rounds,
+                              progress=None if args.quiet else show)
         except FileNotFoundError as err:
             print(f"dlbooster predict: {err}", file=sys.stderr)
             return 2
@@ -661,6 +663,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--batch-sizes", default="8,16,32", help="validate: batch sizes")
     p.add_argument("--procs-list", default="1,2", help="validate: process counts")
     p.add_argument("--iterations", type=int, default=5, help="validate: timed iterations per configuration")
+    p.add_argument("--rounds", type=int, default=1,
+                   help="validate: rounds over all configurations (measured: median of the rounds)")
     p.add_argument("--quiet", action="store_true", help="validate: no progress lines")
     p.set_defaults(func=_cmd_predict)
 
