@@ -133,54 +133,50 @@ def bench_records(datasets: list[str], *, fidelities: list[int] | None = None, r
                 sources += [s.path for s in image_folder(root)[0] if s.path not in left_out]
                 sets.append(RecordSet(target))
             write_s = time.perf_counter() - t
-            try:
-                scans = max(s.scans for s in sets)
-                ks = sorted({min(k, scans) for k in (fidelities or [1, 2, 5, scans])})
-                summary = info(sets[0], sample=sample)
-                source_bytes = sum(s.source_bytes() for s in sets)
-                rows = []
-                for k in range(1, scans + 1):
-                    nbytes = sum(s.prefix_bytes(k) for s in sets)
-                    psnr = summary["fidelities"][k - 1] if k <= sets[0].scans else {}
-                    rows.append({"fidelity": k, "bytes": nbytes, "of_source": nbytes / source_bytes,
-                                 "psnr_mean_db": psnr.get("psnr_mean_db"), "psnr_min_db": psnr.get("psnr_min_db")})
-                record_files = [rf.path for s in sets for rf in s.files]
-                images = sum(len(s) for s in sets)
-                progress(f"{name}: {images} images, reading {rounds} rounds")
-                readers = {"jpeg files": (lambda: _read_files(sources), sources)}
+            scans = max(s.scans for s in sets)
+            ks = sorted({min(k, scans) for k in (fidelities or [1, 2, 5, scans])})
+            summary = info(sets[0], sample=sample)
+            source_bytes = sum(s.source_bytes() for s in sets)
+            rows = []
+            for k in range(1, scans + 1):
+                nbytes = sum(s.prefix_bytes(k) for s in sets)
+                psnr = summary["fidelities"][k - 1] if k <= sets[0].scans else {}
+                rows.append({"fidelity": k, "bytes": nbytes, "of_source": nbytes / source_bytes,
+                             "psnr_mean_db": psnr.get("psnr_mean_db"), "psnr_min_db": psnr.get("psnr_min_db")})
+            record_files = [rf.path for s in sets for rf in s.files]
+            images = sum(len(s) for s in sets)
+            progress(f"{name}: {images} images, reading {rounds} rounds")
+            readers = {"jpeg files": (lambda: _read_files(sources), sources)}
+            for k in ks:
+                readers[f"records k={k}"] = ((lambda k=k: _read_records(sets, k)[0]), record_files)
+            samples = {r: {"cold": [], "warm": []} for r in readers}
+            for _ in range(rounds):
+                for reader, (fn, paths) in readers.items():
+                    samples[reader]["cold"].append(_throughput(fn, paths, True, images))
+                    samples[reader]["warm"].append(_throughput(fn, paths, False, images))
+            read = {}
+            for reader, modes in samples.items():
+                read[reader] = {mode: {"bytes": runs[0]["bytes"],
+                                       "mb_per_s": statistics.median(r["mb_per_s"] for r in runs),
+                                       "images_per_s": statistics.median(r["images_per_s"] for r in runs)}
+                                for mode, runs in modes.items()}
+            loader = {}
+            if loader_epochs:
+                progress(f"{name}: Loader images/s")
+                loader["jpeg files"] = _combine([_loader_rate(str(r), None, batch_size, loader_epochs, workers)
+                                                 for r in roots], [len(image_folder(r)[0]) for r in roots])
                 for k in ks:
-                    readers[f"records k={k}"] = ((lambda k=k: _read_records(sets, k)[0]), record_files)
-                samples = {r: {"cold": [], "warm": []} for r in readers}
-                for _ in range(rounds):
-                    for reader, (fn, paths) in readers.items():
-                        samples[reader]["cold"].append(_throughput(fn, paths, True, images))
-                        samples[reader]["warm"].append(_throughput(fn, paths, False, images))
-                read = {}
-                for reader, modes in samples.items():
-                    read[reader] = {mode: {"bytes": runs[0]["bytes"],
-                                           "mb_per_s": statistics.median(r["mb_per_s"] for r in runs),
-                                           "images_per_s": statistics.median(r["images_per_s"] for r in runs)}
-                                    for mode, runs in modes.items()}
-                loader = {}
-                if loader_epochs:
-                    progress(f"{name}: Loader images/s")
-                    loader["jpeg files"] = _combine([_loader_rate(str(r), None, batch_size, loader_epochs, workers)
-                                                     for r in roots], [len(image_folder(r)[0]) for r in roots])
-                    for k in ks:
-                        loader[f"records k={k}"] = _combine(
-                            [_loader_rate(s, k, batch_size, loader_epochs, workers) for s in sets],
-                            [len(s) for s in sets])
-                out["datasets"].append({
-                    "name": name, "path": str(data), "images": images, "skipped": skipped, "write_s": write_s,
-                    "source_bytes": source_bytes, "record_bytes": sum(os.path.getsize(p) for p in record_files),
-                    "scans": scans, "fidelities": rows, "psnr_sample": summary["sample"], "read": read,
-                    "loader": loader, "rounds": rounds})
-                if train_epochs and len(roots) == 2 and not out["training"]:
-                    out["training"] = _train_runs(Path(tmp) / f"{n}" / "records", Path(data), sets[0].scans, train_epochs,
-                                                  train_fidelity, model, image_size, batch_size, workers, progress)
-            finally:
-                for s in sets:
-                    s.close()
+                    loader[f"records k={k}"] = _combine(
+                        [_loader_rate(s, k, batch_size, loader_epochs, workers) for s in sets],
+                        [len(s) for s in sets])
+            out["datasets"].append({
+                "name": name, "path": str(data), "images": images, "skipped": skipped, "write_s": write_s,
+                "source_bytes": source_bytes, "record_bytes": sum(os.path.getsize(p) for p in record_files),
+                "scans": scans, "fidelities": rows, "psnr_sample": summary["sample"], "read": read,
+                "loader": loader, "rounds": rounds})
+            if train_epochs and len(roots) == 2 and not out["training"]:
+                out["training"] = _train_runs(Path(tmp) / f"{n}" / "records", Path(data), train_epochs,
+                                              train_fidelity, model, image_size, batch_size, workers, progress)
     return out
 
 
@@ -191,7 +187,7 @@ def _combine(results: list[dict], weights: list[int]) -> dict:
     return {"images_per_s": total / seconds}
 
 
-def _train_runs(records: Path, data: Path, scans: int, epochs: int, low: int, model: str, image_size: int,
+def _train_runs(records: Path, data: Path, epochs: int, low: int, model: str, image_size: int,
                 batch_size: int, workers: int, progress) -> list[dict]:
     from .records import RecordSet
     from .train import TrainConfig, train
@@ -206,8 +202,8 @@ def _train_runs(records: Path, data: Path, scans: int, epochs: int, low: int, mo
                              image_size=image_size, workers=workers, seed=0, **extra)
         summary = train(config)
         fidelity = summary.get("fidelity")
-        with RecordSet(records / "train") as rs:
-            epoch_bytes = rs.prefix_bytes(fidelity) if "records" in extra else rs.source_bytes()
+        rs = RecordSet(records / "train")
+        epoch_bytes = rs.prefix_bytes(fidelity) if "records" in extra else rs.source_bytes()
         runs.append({"run": label, "fidelity": fidelity, "train_bytes_per_epoch": epoch_bytes,
                      "fidelity_choice": summary.get("fidelity_choice"),
                      "val_top1": summary["val_top1"], "loss_last": summary["loss_last"],

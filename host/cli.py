@@ -463,7 +463,7 @@ def _cmd_records(args: argparse.Namespace) -> int:
             try:
                 report = write_records(source, out, images_per_record=args.images_per_record,
                                        verify=not args.no_verify, workers=args.workers, progress=show)
-            except (FileNotFoundError, FileExistsError, NotADirectoryError, RecordError, ValueError) as exc:
+            except (OSError, RecordError, ValueError) as exc:
                 print(f"dlbooster records write: {exc}", file=sys.stderr)
                 return 2
             reports[str(out)] = report.to_json()
@@ -477,10 +477,12 @@ def _cmd_records(args: argparse.Namespace) -> int:
         if args.json:
             print(json.dumps(reports, indent=1))
         return 1 if any(r["skipped"] for r in reports.values()) else 0
+    if args.out is not None:
+        print("dlbooster records info: takes one DIR", file=sys.stderr)
+        return 2
     try:
-        with RecordSet(args.src) as records:
-            result = info(records, sample=args.sample)
-    except (FileNotFoundError, RecordError) as exc:
+        result = info(RecordSet(args.src), sample=args.sample)
+    except (OSError, RecordError, ValueError) as exc:
         print(f"dlbooster records info: {exc}", file=sys.stderr)
         return 2
     if args.json:
@@ -490,7 +492,8 @@ def _cmd_records(args: argparse.Namespace) -> int:
           f"{result['scans']} scan groups; sources {result['source_bytes']:,} bytes; "
           f"PSNR against full fidelity over {result['sample']} images")
     db = lambda v: "inf" if v is None else f"{v:.2f}"  # noqa: E731
-    rows = [[r["fidelity"], f"{r['bytes']:,}", f"{r['of_source']:.3f}", f"{r['of_full']:.3f}",
+    share = lambda v: "-" if v is None else f"{v:.3f}"  # noqa: E731
+    rows = [[r["fidelity"], f"{r['bytes']:,}", share(r["of_source"]), share(r["of_full"]),
              db(r["psnr_mean_db"]), db(r["psnr_min_db"])] for r in result["fidelities"]]
     print(_table(["fidelity", "bytes", "of sources", "of full", "PSNR mean dB", "PSNR min dB"], rows))
     return 0

@@ -58,7 +58,7 @@ def choose_fidelity(model, records, *, batch_size: int = 32, batches: int = 2, i
 
     Args:
         model: the ``torch.nn.Module`` to be trained (a copy is used; its parameters,
-            buffers and gradients are left as they were).
+            buffers and gradients, and the global random state, are left as they were).
         records: a :class:`~dlbooster.records.RecordSet` or a folder of records.
         batch_size, batches: the fixed batches measured (the first ``batches`` of a
             shuffle by ``seed``).
@@ -72,6 +72,8 @@ def choose_fidelity(model, records, *, batch_size: int = 32, batches: int = 2, i
 
     Raises:
         ValueError: threshold outside (-1, 1], batches or batch_size below 1.
+        dlbooster.errors.DecodeError: a sample of the measured batches cannot be read
+            or decoded at some fidelity.
     """
     import torch
 
@@ -83,39 +85,43 @@ def choose_fidelity(model, records, *, batch_size: int = 32, batches: int = 2, i
         raise ValueError(f"threshold must be in (-1, 1], not {threshold}")
     if batches < 1 or batch_size < 1:
         raise ValueError("batches and batch_size must be at least 1")
-    owned = not isinstance(records, RecordSet)
-    records = RecordSet(records) if owned else records
+    records = records if isinstance(records, RecordSet) else RecordSet(records)
     loss_fn = loss_fn or torch.nn.functional.cross_entropy
+    device = torch.device(device)
     probe = copy.deepcopy(model).to(device)
     probe.train()
-    try:
-        transform = eval_transform(image_size, resize=image_size * 8 // 7)
+    transform = eval_transform(image_size, resize=image_size * 8 // 7)
 
-        def take(fidelity):
-            with Loader(records, batch_size, backend="cpu", shuffle=True, seed=seed, device=device,
-                        transform=transform, on_error="skip", fidelity=fidelity, rank=0, world_size=1,
-                        cpu_workers=cpu_workers) as loader:
-                out = []
-                for images, labels in loader:
-                    out.append((images, labels))
-                    if len(out) == batches:
-                        break
-                return out
+    def take(fidelity):
+        # on_error="raise": a sample missing at one fidelity would pair different images.
+        with Loader(records, batch_size, backend="cpu", shuffle=True, seed=seed, device=device,
+                    transform=transform, on_error="raise", fidelity=fidelity, rank=0, world_size=1,
+                    cpu_workers=cpu_workers) as loader:
+            out = []
+            for images, labels in loader:
+                out.append((images, labels))
+                if len(out) == batches:
+                    break
+            return out
 
-        # Batch-norm running statistics move in train mode: each pass starts from the same state.
-        state = copy.deepcopy(probe.state_dict())
-        full = _gradients(probe, loss_fn, take(None))
-        choice = FidelityChoice(records.scans, threshold, batches=len(full), batch_size=batch_size)
-        for k in range(1, records.scans):
-            probe.load_state_dict(state)
-            grads = _gradients(probe, loss_fn, take(k))
-            score = float(torch.stack([torch.nn.functional.cosine_similarity(a, b, dim=0)
-                                       for a, b in zip(grads, full)]).mean())
-            choice.scores[k] = score
-            if score >= threshold:
-                choice.fidelity = k
-                break
-        return choice
-    finally:
-        if owned:
-            records.close()
+    # Every pass starts from the same state: batch-norm running statistics move in
+    # train mode, and dropout draws the same masks from the same random state.
+    state = copy.deepcopy(probe.state_dict())
+
+    def gradients(fidelity):
+        probe.load_state_dict(state)
+        with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
+            torch.manual_seed(seed)
+            return _gradients(probe, loss_fn, take(fidelity))
+
+    full = gradients(None)
+    choice = FidelityChoice(records.scans, threshold, batches=len(full), batch_size=batch_size)
+    for k in range(1, records.scans):
+        grads = gradients(k)
+        score = float(torch.stack([torch.nn.functional.cosine_similarity(a, b, dim=0)
+                                   for a, b in zip(grads, full)]).mean())
+        choice.scores[k] = score
+        if score >= threshold:
+            choice.fidelity = k
+            break
+    return choice

@@ -187,9 +187,7 @@ class Loader:
         if on_error == "replace" and replace is None:
             raise ValueError("on_error='replace' needs a replace(index, outcome) function")
         self.records: RecordSet | None = None
-        self._owns_records = False
         if isinstance(source, RecordSet) or (isinstance(source, (str, os.PathLike)) and is_record_dir(source)):
-            self._owns_records = not isinstance(source, RecordSet)
             self.records = source if isinstance(source, RecordSet) else RecordSet(source)
             self._entries = list(self.records.entries())
             self.samples = [Sample(f"{rf.path}#{i}", rf.labels[i]) for rf, i in self._entries]
@@ -222,7 +220,7 @@ class Loader:
         if value is not None:
             if self.records is None:
                 raise ValueError("fidelity applies to a records source only")
-            if not 1 <= value <= self.records.scans:
+            if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= self.records.scans:
                 raise ValueError(f"fidelity must be 1..{self.records.scans} for {self.records.root}, not {value}")
         self._fidelity = value
 
@@ -460,8 +458,6 @@ class Loader:
         self.service.close(backend=False)
         self.pool.close()                     # its memory may be the devices'
         self.service.close_backend()
-        if self._owns_records and self.records is not None:
-            self.records.close()
 
     def __enter__(self):
         return self

@@ -263,8 +263,7 @@ class Profile:
             ``public peak figures ...``).
         threads, procs: threads per process and processes running at once when measured.
         conv: ``{"conv:k3": cost, "dgrad:dw": cost, ...}`` per kernel kind and class;
-            ``gemm``: the matrix-product cost, one for all products or one per
-            :func:`gemm_class` (``{"wide": cost, "thin": cost}``). A cost is ``{"dims": [a, m, n, k, b]}``
+            ``gemm``: the matrix-product cost. A cost is ``{"dims": [a, m, n, k, b]}``
             (``log t = a + m log M + n log N + k log K + b log bytes`` over the product's
             dimensions, :class:`Op` ``dims``; fitted to measurements) or
             ``{"roof": [t0, flops/s, bytes/s]}`` (``t0 + max(flops / rate, bytes / bw)``).
@@ -311,14 +310,6 @@ def _cost(spec: dict, op: Op) -> float:
     return t0 + max(op.flops / rate, op.bytes / bw)
 
 
-def gemm_class(dims: list) -> str:
-    """``thin`` when the inner dimension K is smaller than both M and N (a linear layer's
-    weight gradient, K = batch: an outer-product-like, memory-bound product writing a
-    weight-sized result), else ``wide`` (forward and input gradient: K = features)."""
-    m, n, k = dims
-    return "thin" if k < min(m, n) else "wide"
-
-
 def op_time(profile: Profile, op: Op) -> float:
     """Predicted seconds of one operator on ``profile``."""
     if op.kind == "view":
@@ -327,8 +318,7 @@ def op_time(profile: Profile, op: Op) -> float:
         spec = profile.conv.get(f"{op.kind}:{op.conv_class}") or profile.conv[f"{op.kind}:k3"]
         return _cost(spec, op)
     if op.kind == "gemm":
-        per_class = "wide" in profile.gemm
-        return _cost(profile.gemm[gemm_class(op.dims)] if per_class else profile.gemm, op)
+        return _cost(profile.gemm, op)
     return _memory_time(profile.memory.get(op.name) or profile.memory["*"], op.bytes)
 
 
@@ -539,21 +529,17 @@ def _calibrate_kernels(threads: int, *, seed: int = 0, per_class: int = 32, quic
             for kind, calls in fns.items():
                 sync()
                 conv.setdefault(f"{kind}:{cls}", []).append((dims, size, _timed_cycle(calls)))
-    gemm: dict[str, list] = {"wide": [], "thin": []}
-    while min(len(v) for v in gemm.values()) < per_class:
-        # A classifier layer's three products: forward (batch x in) @ (in x out), input
-        # gradient (batch x out) @ (out x in), weight gradient (out x batch) @ (batch x in).
-        batch = int(rng.choice([8, 16, 32, 64, 128, 256, 512, 1024, 2048]))
-        fan_in, fan_out = (int(rng.choice([256, 512, 1000, 1024, 2048, 4096, 9216, 25088])) for _ in range(2))
-        m, n, k = [(batch, fan_out, fan_in), (batch, fan_in, fan_out), (fan_out, fan_in, batch)][int(rng.integers(3))]
+    gemm = []
+    while len(gemm) < per_class:
+        # Batch-sized rows against layer-sized matrices, as classifier layers multiply.
+        m = int(rng.choice([8, 16, 32, 64, 128, 256, 512, 1024, 2048]))
+        k, n = (int(rng.choice([256, 512, 1000, 1024, 2048, 4096, 9216, 25088])) for _ in range(2))
         size = 4 * (m * k + k * n + m * n)
-        cls = gemm_class([m, n, k])
-        if (len(gemm[cls]) >= per_class or 2.0 * m * k * n > max_flops
-                or size > (64 << 20 if quick else 512 << 20)):
+        if 2.0 * m * k * n > max_flops or size > (64 << 20 if quick else 512 << 20):
             continue
         pairs = [(torch.randn(m, k), torch.randn(k, n)) for _ in range(_copies(size))]
         sync()
-        gemm[cls].append(([m, n, k], size, _timed_cycle([lambda p=p: p[0] @ p[1] for p in pairs])))
+        gemm.append(([m, n, k], size, _timed_cycle([lambda p=p: p[0] @ p[1] for p in pairs])))
     memory = {}
     sizes = [1 << e for e in range(12, 21 if quick else 25, 2)]
     for name, build in _memory_kernels(torch).items():
@@ -570,7 +556,7 @@ def _calibrate_kernels(threads: int, *, seed: int = 0, per_class: int = 32, quic
     x = torch.randn(64)
     view = _timed(lambda: x.view(8, 8))
     return {"conv": {k: _fit_dims(v) for k, v in conv.items()},
-            "gemm": {cls: _fit_dims(v) for cls, v in gemm.items()}, "memory": memory, "view": view}
+            "gemm": _fit_dims(gemm), "memory": memory, "view": view}
 
 
 def _recorded_bytes(fn, name: str) -> float:

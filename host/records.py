@@ -29,7 +29,7 @@ offset                field
 group 0               each image's JPEG header (SOI up to its first scan's DHT/SOS)
 group 1 .. S          scan ``g`` of each image: the markers that precede it (DHT,
                       DRI, SOS) and its entropy-coded data; empty for an image with
-                      fewer than ``g`` scans (grayscale images have 6, colour 10)
+                      fewer than ``g`` scans (YCbCr images have 10, grayscale 6)
 ====================  ===========================================================
 
 Image ``i`` at fidelity ``k`` is piece ``i`` of groups ``0..k`` followed by EOI
@@ -42,9 +42,9 @@ from __future__ import annotations
 
 import io
 import json
-import mmap
 import os
 import shutil
+import stat
 import struct
 import subprocess
 import threading
@@ -57,7 +57,7 @@ from pathlib import Path
 import numpy as np
 
 __all__ = ["FORMAT_VERSION", "MAGIC", "RecordError", "RecordFile", "RecordSet", "WriteReport",
-           "is_record_dir", "open_records", "rebuild", "split_scans", "transcode", "write_records"]
+           "is_record_dir", "rebuild", "split_scans", "transcode", "write_records"]
 
 MAGIC = b"DLBPCR\r\n"
 FORMAT_VERSION = 1
@@ -115,6 +115,7 @@ def split_scans(data: bytes, path: str = "<bytes>") -> list[bytes]:
     if data[:2] != b"\xff\xd8":
         raise RecordError(f"{path}: not a JPEG (no SOI)")
     pos, ends = 2, []           # ends: where each scan's entropy-coded data ends
+    header_end = tables = None  # tables: start of the DHT/DRI run just before a scan
     while pos + 1 < len(data):
         if data[pos] != 0xFF:
             raise RecordError(f"{path}: expected a marker at byte {pos}")
@@ -124,33 +125,20 @@ def split_scans(data: bytes, path: str = "<bytes>") -> list[bytes]:
             continue
         if marker == 0xD9:
             break
+        if marker in (0xC4, 0xDD):
+            tables = pos if tables is None else tables
+        elif marker == 0xDA and header_end is None:
+            header_end = pos if tables is None else tables
+        else:
+            tables = None
         pos = _segment_end(data, pos, path)
         if marker == 0xDA:
-            pos = _entropy_end(data, pos)
+            pos, tables = _entropy_end(data, pos), None
             ends.append(pos)
     if not ends:
         raise RecordError(f"{path}: no scan")
-    bounds = [0, _first_scan_tables(data, ends[0], path)] + ends
+    bounds = [0, header_end] + ends
     return [data[bounds[j]:bounds[j + 1]] for j in range(len(bounds) - 1)]
-
-
-def _first_scan_tables(data: bytes, first_scan_end: int, path: str) -> int:
-    """Start of the run of DHT/DRI segments directly before the first SOS (or of the SOS
-    itself): those tables belong to scan 1, the rest is the header every fidelity needs."""
-    pos, start = 2, None
-    while pos < first_scan_end:
-        marker = data[pos + 1]
-        if marker == 0xFF:
-            pos += 1
-            continue
-        if marker in (0xC4, 0xDD):
-            start = pos if start is None else start
-        elif marker == 0xDA:
-            return pos if start is None else start
-        else:
-            start = None
-        pos = _segment_end(data, pos, path)
-    raise RecordError(f"{path}: no scan")
 
 
 def rebuild(pieces: list[bytes] | tuple[bytes, ...]) -> bytes:
@@ -171,19 +159,29 @@ def _jpegtran(tool: str | None) -> str:
     return found
 
 
-def transcode(data: bytes, path: str = "<bytes>", jpegtran: str | None = None) -> bytes:
+def transcode(data: bytes, path: str = "<bytes>", jpegtran: str | None = None, *,
+              max_memory_mb: int = 1024, timeout: float = 300.0) -> bytes:
     """``data`` losslessly re-encoded as a progressive JPEG by ``jpegtran -copy none
-    -progressive`` (libjpeg-turbo's simple progression: 10 scans for colour, 6 for
-    grayscale, Huffman tables optimised per scan).
+    -progressive`` (libjpeg-turbo's simple progression, ``jcparam.c``: 10 scans for
+    YCbCr, 2 + 4 x components otherwise: 6 for grayscale, 14 for RGB, 18 for CMYK;
+    Huffman tables optimised per scan).
 
-    ``-copy none`` drops APPn/COM markers other than the JFIF/Adobe ones jpegtran writes
-    itself, so colour interpretation is kept (the decode is checked by
-    :func:`write_records`).
+    ``-copy none`` drops APPn/COM markers (EXIF, ICC profiles, comments) other than the
+    JFIF or Adobe marker jpegtran writes itself, which carries the colour transform;
+    ``PIL.Image.open(f).convert("RGB")`` ignores the dropped ones, so the pixels are
+    unchanged (:func:`write_records` checks each image). jpegtran holds the whole image's
+    coefficients: ``max_memory_mb`` caps that (a small file declaring 65500 x 65500
+    pixels would take gigabytes) and ``timeout`` bounds its run.
 
     Raises:
-        RecordError: jpegtran is missing, fails, or warns (e.g. corrupt data).
+        RecordError: jpegtran is missing, fails, warns (e.g. corrupt data), needs more
+            than ``max_memory_mb`` or runs past ``timeout`` seconds.
     """
-    run = subprocess.run([_jpegtran(jpegtran), "-copy", "none", "-progressive"], input=data, capture_output=True)
+    try:
+        run = subprocess.run([_jpegtran(jpegtran), "-maxmemory", f"{max_memory_mb}m", "-copy", "none",
+                              "-progressive"], input=data, capture_output=True, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        raise RecordError(f"{path}: jpegtran ran past {timeout:g} s") from None
     if run.returncode != 0 or not run.stdout:
         message = run.stderr.decode(errors="replace").strip() or f"exit status {run.returncode}"
         raise RecordError(f"{path}: jpegtran failed: {message}")
@@ -225,7 +223,8 @@ class WriteReport:
                 "skipped": [{"path": p, "reason": r} for p, r in self.skipped]}
 
 
-def _prepare(path: str, verify: bool, jpegtran: str | None) -> list[bytes]:
+def _prepare(path: str, verify: bool, jpegtran: str) -> tuple[list[bytes], int]:
+    """``(pieces, source bytes)`` of one source file (see :func:`write_records`)."""
     with open(path, "rb") as f:
         data = f.read()
     progressive = transcode(data, path, jpegtran)
@@ -237,7 +236,7 @@ def _prepare(path: str, verify: bool, jpegtran: str | None) -> list[bytes]:
             raise RecordError(f"{path}: Pillow cannot decode the source: {exc}") from None
         if not np.array_equal(source, _decode_rgb(rebuild(pieces))):
             raise RecordError(f"{path}: the progressive re-encoding does not decode to the source's pixels")
-    return pieces
+    return pieces, len(data)
 
 
 def write_records(src: str | os.PathLike, out_dir: str | os.PathLike, *, images_per_record: int = 256,
@@ -250,13 +249,15 @@ def write_records(src: str | os.PathLike, out_dir: str | os.PathLike, *, images_
     Each is transcoded by :func:`transcode`; with ``verify``, its full-fidelity decode
     is checked equal to the source's (``PIL.Image.open(f).convert("RGB")``, byte for
     byte) before it is stored. A source file that cannot be transcoded or verified is
-    left out and listed in the report's ``skipped`` with the reason.
+    left out and listed in the report's ``skipped`` with the reason (jpegtran refuses
+    files it only warns about, e.g. extraneous bytes, which Pillow may still decode).
 
     Raises:
         FileNotFoundError: ``src`` is no ImageFolder.
         FileExistsError: ``out_dir`` already holds record files.
         RecordError: jpegtran is missing.
         ValueError: ``images_per_record`` below 1.
+        OSError: a record file cannot be written (its temporary file is removed).
     """
     from .sources import image_folder
 
@@ -276,14 +277,14 @@ def write_records(src: str | os.PathLike, out_dir: str | os.PathLike, *, images_
 
     def one(sample):
         try:
-            pieces = _prepare(sample.path, verify, jpegtran)
+            result = _prepare(sample.path, verify, jpegtran)
         except (RecordError, OSError) as exc:
-            pieces = exc
+            result = exc
         with lock:
             done[0] += 1
             if progress is not None:
                 progress(done[0], len(samples))
-        return pieces
+        return result
 
     number = 0
 
@@ -298,20 +299,24 @@ def write_records(src: str | os.PathLike, out_dir: str | os.PathLike, *, images_
         number += 1
         stored.clear()
 
-    with ThreadPoolExecutor(workers or os.cpu_count() or 1) as pool:
-        # map keeps ImageFolder order; jpegtran runs in subprocesses, so threads overlap.
-        for sample, pieces in zip(samples, pool.map(one, samples)):
-            if isinstance(pieces, Exception):
-                reason = str(pieces) if isinstance(pieces, RecordError) else f"{sample.path}: {pieces}"
-                report.skipped.append((sample.path, reason))
-                continue
-            size = os.path.getsize(sample.path)
-            stored.append((os.path.relpath(sample.path, root), sample.label, size, pieces))
-            report.images += 1
-            report.scans = max(report.scans, len(pieces) - 1)
-            report.source_bytes += size
-            if len(stored) == images_per_record:
-                flush()
+    threads = workers or os.cpu_count() or 1
+    window = 8 * threads             # images in flight: memory stays bounded on any data set
+    with ThreadPoolExecutor(threads) as pool:
+        for first in range(0, len(samples), window):
+            chunk = samples[first:first + window]
+            # map keeps ImageFolder order; jpegtran runs in subprocesses, so threads overlap.
+            for sample, result in zip(chunk, pool.map(one, chunk)):
+                if isinstance(result, Exception):
+                    reason = str(result) if isinstance(result, RecordError) else f"{sample.path}: {result}"
+                    report.skipped.append((sample.path, reason))
+                    continue
+                pieces, size = result
+                stored.append((os.path.relpath(sample.path, root), sample.label, size, pieces))
+                report.images += 1
+                report.scans = max(report.scans, len(pieces) - 1)
+                report.source_bytes += size
+                if len(stored) == images_per_record:
+                    flush()
     flush()
     return report
 
@@ -337,83 +342,96 @@ def _write_file(path: Path, images: list[tuple[str, int, int, list[bytes]]], cla
         offset += len(g)
     head = _HEADER.pack(MAGIC, FORMAT_VERSION, n, s, len(meta), 0) + meta + lengths.tobytes() + b"".join(table)
     tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "wb") as f:
-        f.write(head + _CRC.pack(zlib.crc32(head)))
-        for g in groups:
-            f.write(g)
-    os.replace(tmp, path)          # a reader never sees a half-written record
+    try:
+        with open(tmp, "wb") as f:
+            f.write(head + _CRC.pack(zlib.crc32(head)))
+            for g in groups:
+                f.write(g)
+        os.replace(tmp, path)          # a reader never sees a half-written record
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
 
 
 # ------------------------------------------------------------------------------ reader
 
 class RecordFile:
-    """One record file, memory-mapped: only the scan groups read are paged in.
+    """One record file. Opening reads and checks its header; images are read with
+    ``os.pread`` of exactly the pieces a fidelity needs, so an epoch at fidelity ``k``
+    reads the files' prefixes, and no file descriptor is held between reads (a data set
+    of thousands of records stays under the descriptor limit; a file truncated after
+    opening is a short read, reported, not a fault).
 
     Attributes:
         path: the file (str).
-        images: N; scans: S (fidelities are 1..S).
+        images: N; scans: S (fidelities are 1..S; a larger one reads every scan).
         labels, names, source_bytes, scan_counts: per image (lists).
         classes: class names (list of str).
         group_offsets, group_lengths: (S + 1,) int64 byte offsets and lengths of the
             header group 0 and scan groups 1..S.
 
     Raises (on open):
-        RecordError: not a record, another format version, a header or metadata CRC
-            mismatch, an inconsistent index, or a file shorter than its header says.
-        OSError: the file cannot be opened.
+        RecordError: not a regular file, not a record, another format version, a
+            header or metadata CRC mismatch, metadata or an index that contradicts the
+            header, or a file shorter than its header says.
+        OSError: the file cannot be read.
     """
 
     def __init__(self, path: str | os.PathLike):
         self.path = os.fspath(path)
-        self._file = open(self.path, "rb")
-        try:
-            self._open()
-        except BaseException:
-            self._file.close()
-            raise
+        self._lock = threading.Lock()
+        with self._open() as f:
+            self._read_header(f)
 
-    def _open(self) -> None:
-        f, path = self._file, self.path
+    def _open(self):
+        """The file, opened for reading (regular files only: a FIFO would block)."""
+        if not stat.S_ISREG(os.stat(self.path).st_mode):
+            raise RecordError(f"{self.path}: not a regular file")
+        return open(self.path, "rb")
+
+    def _read_header(self, f) -> None:
+        path = self.path
         size = os.fstat(f.fileno()).st_size
         head = f.read(_HEADER.size)
         if len(head) < _HEADER.size or head[:8] != MAGIC:
             raise RecordError(f"{path}: not a dlbooster record (bad magic)")
-        _, version, n, s, m, _ = _HEADER.unpack(head)
+        _, version, n, s, m, reserved = _HEADER.unpack(head)
         if version != FORMAT_VERSION:
             raise RecordError(f"{path}: record format version {version}; this reader reads {FORMAT_VERSION}")
         rest = m + 8 * n * (s + 1) + _GROUP.size * (s + 1) + _CRC.size
-        body = f.read(rest)
-        if len(body) < rest:
+        if _HEADER.size + rest > size:      # before reading: the sizes are not trusted yet
             raise RecordError(f"{path}: truncated record: its header needs {_HEADER.size + rest} bytes, "
                               f"the file has {size}")
+        body = f.read(rest)
         (crc,) = _CRC.unpack(body[-_CRC.size:])
         if zlib.crc32(head + body[:-_CRC.size]) != crc:
             raise RecordError(f"{path}: corrupt record: header CRC mismatch")
-        try:
-            meta = json.loads(body[:m])
-        except ValueError as exc:
-            raise RecordError(f"{path}: corrupt record metadata: {exc}") from None
-        self.images, self.scans, self.meta = n, s, meta
-        self.labels = [int(x) for x in meta["labels"]]
-        self.names, self.classes = list(meta["names"]), list(meta["classes"])
-        self.source_bytes = [int(x) for x in meta["source_bytes"]]
-        self.scan_counts = [int(x) for x in meta["scan_counts"]]
-        self.lengths = np.frombuffer(body, dtype="<u8", count=n * (s + 1), offset=m).reshape(s + 1, n).astype(np.int64)
-        table = np.frombuffer(body, dtype=np.dtype([("offset", "<u8"), ("length", "<u8"), ("crc", "<u4"), ("pad", "<u4")]),
-                              count=s + 1, offset=m + 8 * n * (s + 1))
-        self.group_offsets = table["offset"].astype(np.int64)
-        self.group_lengths = table["length"].astype(np.int64)
-        self._crcs = [int(c) for c in table["crc"]]
-        expected = _HEADER.size + rest + np.concatenate(([0], np.cumsum(self.group_lengths)[:-1]))
-        if (len(self.labels) != n or len(self.scan_counts) != n or not np.array_equal(self.group_offsets, expected)
-                or not np.array_equal(self.lengths.sum(axis=1), self.group_lengths)):
-            raise RecordError(f"{path}: corrupt record: inconsistent index")
+        if reserved:
+            raise RecordError(f"{path}: corrupt record: reserved header field is not 0")
+        meta = _metadata(body[:m], n, s, path)
+        self.images, self.scans = n, s
+        self.labels, self.names, self.classes = meta["labels"], meta["names"], meta["classes"]
+        self.source_bytes, self.scan_counts = meta["source_bytes"], meta["scan_counts"]
+        lengths = np.frombuffer(body, dtype="<u8", count=n * (s + 1), offset=m).reshape(s + 1, n)
+        table = np.frombuffer(body, dtype=np.dtype([("offset", "<u8"), ("length", "<u8"), ("crc", "<u4"),
+                                                    ("pad", "<u4")]), count=s + 1, offset=m + 8 * n * (s + 1))
+        # Python integers: u64 fields near 2^64 neither wrap nor turn negative.
+        offsets, group_lengths = table["offset"].tolist(), table["length"].tolist()
+        expected = _HEADER.size + rest
+        for g in range(s + 1):
+            if (offsets[g] != expected or sum(lengths[g].tolist()) != group_lengths[g]
+                    or int(lengths[g].max(initial=0)) > group_lengths[g] or table["pad"][g]):
+                raise RecordError(f"{path}: corrupt record: inconsistent index at scan group {g}")
+            expected += group_lengths[g]
+        self.lengths = lengths.astype(np.int64)
+        self.group_offsets = np.array(offsets, dtype=np.int64)
+        self.group_lengths = np.array(group_lengths, dtype=np.int64)
+        self._crcs = table["crc"].tolist()
         # Start of each image's piece within its group.
-        self.starts = np.concatenate((np.zeros((s + 1, 1), np.int64), np.cumsum(self.lengths, axis=1)[:, :-1]), axis=1)
+        self.starts = np.concatenate((np.zeros((s + 1, 1), np.int64), np.cumsum(self.lengths, axis=1)[:, :-1]),
+                                     axis=1)
         self.file_bytes = size
-        self._map = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) if size else None
-        self._checked = [False] * (s + 1)
-        self._lock = threading.Lock()
+        self._verdicts: list[str | None] = [None] * (s + 1)    # "ok", or the group's error
 
     def __len__(self) -> int:
         return self.images
@@ -426,42 +444,57 @@ class RecordFile:
     def _fidelity(self, fidelity: int | None) -> int:
         if fidelity is None:
             return self.scans
-        if not 1 <= fidelity:
-            raise ValueError(f"fidelity must be at least 1, not {fidelity}")
+        if isinstance(fidelity, bool) or not isinstance(fidelity, (int, np.integer)) or fidelity < 1:
+            raise ValueError(f"fidelity must be an integer of at least 1, not {fidelity!r}")
         return min(int(fidelity), self.scans)
 
-    def _group(self, g: int) -> memoryview:
-        """Group ``g``'s bytes, its CRC checked on first use.
+    def _pread(self, fd: int, start: int, length: int, what: str) -> bytes:
+        data = os.pread(fd, length, start) if length else b""
+        if len(data) < length:
+            raise RecordError(f"{self.path}: truncated record: {what} needs bytes up to {start + length}, "
+                              f"the file has {start + len(data)}")
+        return data
+
+    def _check(self, fd: int, g: int) -> None:
+        """Check scan group ``g``'s CRC once (its bytes are read whole the first time).
 
         Raises:
-            RecordError: the file ends inside the group, or its CRC does not match.
+            RecordError: the file ends inside the group, or its CRC does not match (the
+                verdict is kept: a damaged group is not read again).
         """
-        start, length = int(self.group_offsets[g]), int(self.group_lengths[g])
-        if start + length > self.file_bytes:
-            raise RecordError(f"{self.path}: truncated record: scan group {g} needs bytes up to "
-                              f"{start + length}, the file has {self.file_bytes}")
-        view = memoryview(self._map)[start:start + length] if length else memoryview(b"")
-        if not self._checked[g]:
+        verdict = self._verdicts[g]
+        if verdict is None:
             with self._lock:
-                if not self._checked[g]:
-                    if zlib.crc32(view) != self._crcs[g]:
-                        raise RecordError(f"{self.path}: corrupt record: scan group {g} CRC mismatch")
-                    self._checked[g] = True
-        return view
+                verdict = self._verdicts[g]
+                if verdict is None:
+                    try:
+                        data = self._pread(fd, int(self.group_offsets[g]), int(self.group_lengths[g]),
+                                           f"scan group {g}")
+                        verdict = "ok" if zlib.crc32(data) == self._crcs[g] else \
+                            f"{self.path}: corrupt record: scan group {g} CRC mismatch"
+                    except RecordError as exc:
+                        verdict = str(exc)
+                    self._verdicts[g] = verdict
+        if verdict != "ok":
+            raise RecordError(verdict)
 
     def pieces(self, index: int, fidelity: int | None = None) -> list[bytes]:
         """Header and first ``fidelity`` scans of image ``index`` (fewer when it has fewer).
 
         Raises:
-            IndexError: no such image; RecordError: as :meth:`_group`.
+            IndexError: no such image; ValueError: a fidelity below 1; RecordError: as
+            :meth:`_check`, or the file is gone or no longer a record's length.
         """
         if not 0 <= index < self.images:
             raise IndexError(f"{self.path}: image {index} out of range 0..{self.images - 1}")
         k = min(self._fidelity(fidelity), self.scan_counts[index])
-        out = []
-        for g in range(k + 1):
-            start, length = int(self.starts[g, index]), int(self.lengths[g, index])
-            out.append(bytes(self._group(g)[start:start + length]))
+        with self._open() as f:
+            fd = f.fileno()
+            out = []
+            for g in range(k + 1):
+                self._check(fd, g)
+                start = int(self.group_offsets[g] + self.starts[g, index])
+                out.append(self._pread(fd, start, int(self.lengths[g, index]), f"image {index}"))
         return out
 
     def image(self, index: int, fidelity: int | None = None) -> bytes:
@@ -470,39 +503,60 @@ class RecordFile:
 
     def read_prefix(self, fidelity: int | None = None) -> list[bytes]:
         """Every image at ``fidelity`` from one contiguous read of the file's prefix
-        (``os.pread``, not the memory map: what a reader streaming records does)."""
+        (what a reader streaming whole records does), every group's CRC checked."""
         k = self._fidelity(fidelity)
         end = self.prefix_bytes(k)
-        data = os.pread(self._file.fileno(), end, 0)
-        if len(data) < end:
-            raise RecordError(f"{self.path}: truncated record: fidelity {k} needs {end} bytes, "
-                              f"the file has {len(data)}")
-        view = memoryview(data)
+        with self._open() as f:
+            view = memoryview(self._pread(f.fileno(), 0, end, f"fidelity {k}"))
         for g in range(k + 1):
             group = view[int(self.group_offsets[g]):int(self.group_offsets[g] + self.group_lengths[g])]
             if zlib.crc32(group) != self._crcs[g]:
                 raise RecordError(f"{self.path}: corrupt record: scan group {g} CRC mismatch")
         images = []
         for i in range(self.images):
-            kk = min(k, self.scan_counts[i])
-            images.append(b"".join(view[int(self.group_offsets[g] + self.starts[g, i]):
-                                        int(self.group_offsets[g] + self.starts[g, i] + self.lengths[g, i])]
-                                   for g in range(kk + 1)) + EOI)
+            starts = self.group_offsets + self.starts[:, i]
+            images.append(b"".join(view[int(starts[g]):int(starts[g] + self.lengths[g, i])]
+                                   for g in range(min(k, self.scan_counts[i]) + 1)) + EOI)
         return images
 
-    def close(self) -> None:
-        if self._map is not None:
-            try:
-                self._map.close()
-            except BufferError:      # a memoryview still exported: the GC closes it later
-                pass
-        self._file.close()
 
-    def __enter__(self):
-        return self
+def _metadata(raw: bytes, n: int, s: int, path: str) -> dict:
+    """The metadata block, checked against the header.
 
-    def __exit__(self, *exc):
-        self.close()
+    Raises:
+        RecordError: not JSON, or a field missing, of the wrong type or length, or
+            contradicting the header (image and scan counts, labels outside the classes).
+    """
+    try:
+        meta = json.loads(raw)
+    except (ValueError, RecursionError) as exc:
+        raise RecordError(f"{path}: corrupt record metadata: {exc}") from None
+
+    def fail(what: str):
+        raise RecordError(f"{path}: corrupt record metadata: {what}")
+
+    if not isinstance(meta, dict):
+        fail("not a JSON object")
+    if meta.get("format") != "dlbooster-pcr" or meta.get("version") != FORMAT_VERSION:
+        fail("format or version field")
+    if meta.get("images") != n or meta.get("scans") != s:
+        fail("image or scan count differs from the header")
+    classes = meta.get("classes")
+    if not isinstance(classes, list) or not all(isinstance(c, str) for c in classes):
+        fail("classes must be a list of names")
+    checks = {"labels": lambda v: 0 <= v < len(classes), "source_bytes": lambda v: v >= 0,
+              "scan_counts": lambda v: 1 <= v <= s}
+    for key, ok in checks.items():
+        values = meta.get(key)
+        if (not isinstance(values, list) or len(values) != n
+                or not all(type(v) is int and ok(v) for v in values)):
+            fail(f"{key} must be {n} integers in range")
+    names = meta.get("names")
+    if not isinstance(names, list) or len(names) != n or not all(isinstance(v, str) for v in names):
+        fail(f"names must be {n} strings")
+    if n and max(meta["scan_counts"]) != s:
+        fail("no image has the header's scan count")
+    return meta
 
 
 class RecordSet:
@@ -523,13 +577,7 @@ class RecordSet:
         paths = sorted(Path(self.root).glob("*" + SUFFIX))
         if not paths:
             raise FileNotFoundError(f"{self.root}: no record files (*{SUFFIX})")
-        self.files: list[RecordFile] = []
-        try:
-            for p in paths:
-                self.files.append(RecordFile(p))
-        except BaseException:
-            self.close()
-            raise
+        self.files = [RecordFile(p) for p in paths]
         self.classes = self.files[0].classes
         for rf in self.files[1:]:
             if rf.classes != self.classes:
@@ -557,26 +605,12 @@ class RecordSet:
         """Bytes of the source JPEG files the records were written from."""
         return sum(sum(rf.source_bytes) for rf in self.files)
 
-    def close(self) -> None:
-        for rf in self.files:
-            rf.close()
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        self.close()
 
 
 def is_record_dir(path: str | os.PathLike) -> bool:
     """Whether ``path`` is a folder holding record files."""
     p = Path(path)
     return p.is_dir() and any(p.glob("*" + SUFFIX))
-
-
-def open_records(path: str | os.PathLike) -> RecordSet:
-    """:class:`RecordSet` of the folder ``path``."""
-    return RecordSet(path)
 
 
 # -------------------------------------------------------------------------------- info
@@ -598,7 +632,13 @@ def info(records: RecordSet, *, sample: int = 16) -> dict:
         ``psnr_mean_db`` and ``psnr_min_db`` (Pillow's decode at k against the full
         decode, over the first ``sample`` images; None at full fidelity, where the
         images are equal), ``sample`` (images measured).
+
+    Raises:
+        ValueError: ``sample`` below 1.
+        RecordError: a damaged record among the sampled images.
     """
+    if sample < 1:
+        raise ValueError(f"sample must be at least 1, not {sample}")
     entries = list(records.entries())[:sample]
     full = [_decode_rgb(rf.image(i)) for rf, i in entries]
     rows = []

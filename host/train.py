@@ -259,6 +259,8 @@ def train(config: TrainConfig, *, on_epoch=None, on_step=None) -> dict:
         value = getattr(config, name)
         if value is not None and value < 1:
             raise ValueError(f"{name} must be at least 1, not {value}")
+    if config.fidelity is not None and config.records is None:
+        raise ValueError("fidelity applies to records (--records) only")
     if config.model not in torchvision.models.list_models(module=torchvision.models):
         raise ValueError(f"unknown torchvision classification model {config.model!r}")
     device = torch.device(config.device or ("cuda" if torch.cuda.is_available() else "cpu"))
@@ -266,26 +268,22 @@ def train(config: TrainConfig, *, on_epoch=None, on_step=None) -> dict:
     if device.type == "cuda" and device.index is None:
         device = torch.device("cuda", dist.local_rank)
         torch.cuda.set_device(device)
-    if config.fidelity is not None and config.records is None:
-        raise ValueError("fidelity applies to records (--records) only")
-    tmp, record_sets = None, []
+    tmp = None
     try:
         if config.records is not None:
             from .records import RecordSet, is_record_dir
 
             root = Path(config.records)
             if is_record_dir(root / "train"):
-                record_sets.append(RecordSet(root / "train"))
-                if is_record_dir(root / "val"):
-                    record_sets.append(RecordSet(root / "val"))
+                train_set = RecordSet(root / "train")
+                val_set = RecordSet(root / "val") if is_record_dir(root / "val") else None
             elif is_record_dir(root):
-                record_sets.append(RecordSet(root))
+                train_set, val_set = RecordSet(root), None
             else:
                 raise FileNotFoundError(f"{root}: no record files (in it or in train/)")
-            if len(record_sets) == 2 and record_sets[1].classes != record_sets[0].classes:
+            if val_set is not None and val_set.classes != train_set.classes:
                 raise ValueError(f"{root}: train/ and val/ records have different classes")
-            return _run(config, device, dist, record_sets[0], record_sets[1] if len(record_sets) == 2 else None,
-                        record_sets[0].classes, on_epoch, on_step)
+            return _run(config, device, dist, train_set, val_set, train_set.classes, on_epoch, on_step)
         if config.data is None:
             tmp = tempfile.mkdtemp(prefix="dlbooster-photos-")
             root = photo_dataset(tmp, seed=config.seed)
@@ -297,8 +295,6 @@ def train(config: TrainConfig, *, on_epoch=None, on_step=None) -> dict:
         return _run(config, device, dist, [(s.path, s.label) for s in train_samples],
                     [(s.path, s.label) for s in val_samples] or None, classes, on_epoch, on_step)
     finally:
-        for records in record_sets:
-            records.close()
         dist.close()
         if tmp is not None:
             shutil.rmtree(tmp, ignore_errors=True)

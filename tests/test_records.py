@@ -87,38 +87,38 @@ def test_write_is_lossless_and_ordered(written):
     assert report.images == len(VARIANTS) and report.skipped == []
     # jpegtran's simple progression: 10 scans for YCbCr, 2 + 4 x components otherwise.
     assert len(report.records) == 3 and report.scans == 18
-    with R.RecordSet(rec) as records:
-        assert records.classes == classes and len(records) == len(samples)
-        assert records.labels() == [s.label for s in samples]
-        for (rf, i), sample in zip(records.entries(), samples):
-            assert rf.names[i] == os.path.relpath(sample.path, src)
-            assert rf.source_bytes[i] == os.path.getsize(sample.path)
-            source = _rgb(Path(sample.path).read_bytes())
-            assert np.array_equal(_rgb(rf.image(i)), source), sample.path        # bit-exact
-            assert rf.scan_counts[i] == (6 if "gray" in sample.path else 18 if "cmyk" in sample.path else 10)
+    records = R.RecordSet(rec)
+    assert records.classes == classes and len(records) == len(samples)
+    assert records.labels() == [s.label for s in samples]
+    for (rf, i), sample in zip(records.entries(), samples):
+        assert rf.names[i] == os.path.relpath(sample.path, src)
+        assert rf.source_bytes[i] == os.path.getsize(sample.path)
+        source = _rgb(Path(sample.path).read_bytes())
+        assert np.array_equal(_rgb(rf.image(i)), source), sample.path        # bit-exact
+        assert rf.scan_counts[i] == (6 if "gray" in sample.path else 18 if "cmyk" in sample.path else 10)
 
 
 def test_fidelities_decode_and_grow(written):
     _, rec, _ = written
-    with R.RecordSet(rec) as records:
-        sizes = [records.prefix_bytes(k) for k in range(1, records.scans + 1)]
-        assert sizes == sorted(sizes) and sizes[0] < sizes[-1] == records.prefix_bytes(None)
-        assert sizes[-1] == sum(os.path.getsize(f.path) for f in records.files)
-        for rf in records.files:
-            for k in (1, 3, rf.scans):
-                prefix = rf.read_prefix(k)
-                for i in range(rf.images):
-                    data = rf.image(i, k)
-                    assert prefix[i] == data                    # one read == random access
-                    assert data.endswith(b"\xff\xd9")
-                    image = _rgb(data)                          # every fidelity decodes
-                    assert image.shape == _rgb(rf.image(i)).shape
-            first = rf.image(0, 1)
-            assert len(first) < len(rf.image(0))
-            with pytest.raises(ValueError):
-                rf.image(0, 0)
-            with pytest.raises(IndexError):
-                rf.image(rf.images, 1)
+    records = R.RecordSet(rec)
+    sizes = [records.prefix_bytes(k) for k in range(1, records.scans + 1)]
+    assert sizes == sorted(sizes) and sizes[0] < sizes[-1] == records.prefix_bytes(None)
+    assert sizes[-1] == sum(os.path.getsize(f.path) for f in records.files)
+    for rf in records.files:
+        for k in (1, 3, rf.scans):
+            prefix = rf.read_prefix(k)
+            for i in range(rf.images):
+                data = rf.image(i, k)
+                assert prefix[i] == data                    # one read == random access
+                assert data.endswith(b"\xff\xd9")
+                image = _rgb(data)                          # every fidelity decodes
+                assert image.shape == _rgb(rf.image(i)).shape
+        first = rf.image(0, 1)
+        assert len(first) < len(rf.image(0))
+        with pytest.raises(ValueError):
+            rf.image(0, 0)
+        with pytest.raises(IndexError):
+            rf.image(rf.images, 1)
 
 
 def test_skipped_inputs_are_reported(tmp_path):
@@ -129,10 +129,15 @@ def test_skipped_inputs_are_reported(tmp_path):
     (src / "a" / "png.jpg").write_bytes(png_bytes(photo_crop(16, 16)))
     (src / "a" / "empty.jpg").write_bytes(b"")
     (src / "a" / "truncated.jpg").write_bytes(good[: len(good) // 2])
+    # A few hundred bytes declaring 65500 x 65500 pixels: jpegtran's memory cap stops it.
+    huge = bytearray(make_jpeg(16, 16, subsampling=0))
+    sof = huge.index(b"\xff\xc0")
+    huge[sof + 5:sof + 9] = struct.pack(">HH", 65500, 65500)
+    (src / "a" / "huge.jpg").write_bytes(bytes(huge))
     report = R.write_records(src, tmp_path / "rec")
     assert report.images == 1
     skipped = dict(report.skipped)
-    assert set(skipped) == {str(src / "a" / n) for n in ("png.jpg", "empty.jpg", "truncated.jpg")}
+    assert set(skipped) == {str(src / "a" / n) for n in ("png.jpg", "empty.jpg", "truncated.jpg", "huge.jpg")}
     for path, reason in skipped.items():
         assert path in reason and ("jpegtran" in reason or "Pillow" in reason)
     with pytest.raises(FileExistsError):
@@ -149,29 +154,29 @@ def test_reader_rejects_damage(written, tmp_path):
     _, rec, _ = written
     path = _copy(rec, tmp_path)
     good = path.read_bytes()
-    with R.RecordFile(path) as rf:
-        offsets, lengths = rf.group_offsets.copy(), rf.group_lengths.copy()
-        full = [rf.image(i) for i in range(rf.images)]
+    rf = R.RecordFile(path)
+    offsets, lengths = rf.group_offsets.copy(), rf.group_lengths.copy()
+    full = [rf.image(i) for i in range(rf.images)]
 
     # A flipped byte in scan group 3: fidelities below 3 still read, 3 and above fail.
     damaged = bytearray(good)
     damaged[int(offsets[3]) + int(lengths[3]) // 2] ^= 0x40
     path.write_bytes(bytes(damaged))
-    with R.RecordFile(path) as rf:
-        assert rf.image(0, 2) == R.rebuild(R.split_scans(full[0])[:3])
-        with pytest.raises(R.RecordError, match=r"one.pcr: corrupt record: scan group 3 CRC"):
-            rf.image(0, 3)
-        with pytest.raises(R.RecordError, match="scan group 3"):
-            rf.read_prefix(5)
+    rf = R.RecordFile(path)
+    assert rf.image(0, 2) == R.rebuild(R.split_scans(full[0])[:3])
+    with pytest.raises(R.RecordError, match=r"one.pcr: corrupt record: scan group 3 CRC"):
+        rf.image(0, 3)
+    with pytest.raises(R.RecordError, match="scan group 3"):
+        rf.read_prefix(5)
 
     # Truncated inside the last group: the header still opens, full fidelity fails.
     path.write_bytes(good[: int(offsets[-1]) + 5])
-    with R.RecordFile(path) as rf:
-        assert rf.read_prefix(rf.scans - 1)
-        with pytest.raises(R.RecordError, match="truncated record"):
-            rf.image(rf.scan_counts.index(rf.scans))          # the image with the last group
-        with pytest.raises(R.RecordError, match="truncated record"):
-            rf.read_prefix(None)
+    rf = R.RecordFile(path)
+    assert rf.read_prefix(rf.scans - 1)
+    with pytest.raises(R.RecordError, match="truncated record"):
+        rf.image(rf.scan_counts.index(rf.scans))          # the image with the last group
+    with pytest.raises(R.RecordError, match="truncated record"):
+        rf.read_prefix(None)
 
     for data, message in ((good[:20], "truncated record|bad magic"), (good[:100], "truncated record"),
                           (b"PK\x03\x04" + good[4:], "bad magic"),
@@ -180,6 +185,87 @@ def test_reader_rejects_damage(written, tmp_path):
         path.write_bytes(data)
         with pytest.raises(R.RecordError, match=message):
             R.RecordFile(path)
+
+
+def _forge(good: bytes, *, n=None, s=None, meta=None, lengths=None) -> bytes:
+    """``good`` with header fields, metadata or index replaced, its header CRC made
+    right again: only the reader's own checks can catch what is wrong."""
+    import zlib
+
+    magic, version, n0, s0, m0, reserved = struct.unpack_from("<8sIIIIQ", good)
+    meta_raw = good[32:32 + m0]
+    index = good[32 + m0:32 + m0 + 8 * n0 * (s0 + 1)]
+    table_at = 32 + m0 + len(index)
+    table = good[table_at:table_at + 24 * (s0 + 1)]
+    groups = good[table_at + len(table) + 4:]
+    if meta is not None:
+        meta_raw = meta if isinstance(meta, bytes) else json.dumps(meta).encode()
+    if lengths is not None:
+        index = np.asarray(lengths, dtype="<u8").tobytes()
+    # Group offsets follow the header, whose size may have changed.
+    shift = len(meta_raw) - m0
+    rows = np.frombuffer(table, dtype=np.dtype([("o", "<u8"), ("l", "<u8"), ("c", "<u4"), ("p", "<u4")])).copy()
+    rows["o"] += np.uint64(shift) if shift >= 0 else np.uint64(0)
+    if shift < 0:
+        rows["o"] -= np.uint64(-shift)
+    head = struct.pack("<8sIIIIQ", magic, version, n0 if n is None else n, s0 if s is None else s,
+                       len(meta_raw), reserved) + meta_raw + index + rows.tobytes()
+    return head + struct.pack("<I", zlib.crc32(head)) + groups
+
+
+def test_reader_rejects_forged_records(written, tmp_path):
+    """Damage that keeps the header CRC right: sizes far beyond the file, metadata of the
+    wrong shape or range, piece lengths that wrap around 2^64. Each is a RecordError
+    naming the file, before any large allocation."""
+    _, rec, _ = written
+    path = _copy(rec, tmp_path)
+    good = path.read_bytes()
+    rf = R.RecordFile(path)
+    meta = json.loads(good[32:32 + struct.unpack_from("<I", good, 20)[0]])
+    n, first = rf.images, rf.image(0)
+    wrapped = rf.lengths.astype(np.uint64)
+    # Sums stay right modulo 2^64: one piece "shrinks" by wrapping around, one grows.
+    wrapped[2, 0] = (int(wrapped[2, 0]) - 10**6) % 2**64
+    wrapped[2, 1] = int(wrapped[2, 1]) + 10**6
+    cases = [
+        (_forge(good, n=0xFFFFFFFF), "truncated record"),
+        (_forge(good, n=0xFFFFFFFF, s=0xFFFFFFFF), "truncated record"),
+        (_forge(good, meta={**meta, "labels": [-1] + meta["labels"][1:]}), "labels must be"),
+        (_forge(good, meta={**meta, "labels": [len(meta["classes"])] + meta["labels"][1:]}), "labels must be"),
+        (_forge(good, meta={**meta, "labels": [True] + meta["labels"][1:]}), "labels must be"),
+        (_forge(good, meta={**meta, "labels": [1e30] + meta["labels"][1:]}), "labels must be"),
+        (_forge(good, meta={**meta, "names": None}), "names must be"),
+        (_forge(good, meta={**meta, "scan_counts": [0] + meta["scan_counts"][1:]}), "scan_counts must be"),
+        (_forge(good, meta={**meta, "source_bytes": meta["source_bytes"][1:]}), "source_bytes must be"),
+        (_forge(good, meta={k: v for k, v in meta.items() if k != "classes"}), "classes must be"),
+        (_forge(good, meta={**meta, "images": n + 1}), "image or scan count"),
+        (_forge(good, meta=[meta]), "not a JSON object"),
+        (_forge(good, meta=b"[" * 100_000 + b"]" * 100_000), "corrupt record metadata"),
+        (_forge(good, lengths=wrapped), "inconsistent index at scan group 2"),
+    ]
+    for data, message in cases:
+        path.write_bytes(data)
+        with pytest.raises(R.RecordError, match=message) as caught:
+            R.RecordFile(path)
+        assert str(path) in str(caught.value)
+    # The forging itself is sound: unchanged fields give a readable record.
+    path.write_bytes(_forge(good, meta=meta))
+    assert R.RecordFile(path).image(0) == first
+
+    # Not a regular file, whatever its name.
+    (tmp_path / "dir.pcr").mkdir()
+    with pytest.raises(R.RecordError, match="not a regular file"):
+        R.RecordFile(tmp_path / "dir.pcr")
+    os.mkfifo(tmp_path / "fifo.pcr")
+    with pytest.raises(R.RecordError, match="not a regular file"):
+        R.RecordFile(tmp_path / "fifo.pcr")
+
+    # Truncated after it was opened: a short read, reported (no fault from a stale mapping).
+    path.write_bytes(good)
+    rf = R.RecordFile(path)
+    os.truncate(path, 4096)
+    with pytest.raises(R.RecordError, match="truncated record"):
+        rf.image(rf.images - 1)
 
 
 def test_loader_reads_records_at_each_fidelity(written):
@@ -215,7 +301,6 @@ def test_loader_reads_records_at_each_fidelity(written):
         Loader(records, 2, backend="cpu", fidelity=19)
     with pytest.raises(ValueError, match="records source only"):
         Loader([(str(rec), 0)], 2, backend="cpu", fidelity=1)
-    records.close()
 
 
 def test_loader_reports_a_corrupt_record_per_sample(written, tmp_path):
@@ -226,9 +311,9 @@ def test_loader_reports_a_corrupt_record_per_sample(written, tmp_path):
     shutil.copytree(rec, folder)
     victim = sorted(folder.glob("*.pcr"))[1]
     data = bytearray(victim.read_bytes())
-    with R.RecordFile(victim) as rf:
-        spot = int(rf.group_offsets[2]) + 1
-        count = rf.images
+    rf = R.RecordFile(victim)
+    spot = int(rf.group_offsets[2]) + 1
+    count = rf.images
     data[spot] ^= 0xFF
     victim.write_bytes(bytes(data))
     with Loader(str(folder), 3, backend="cpu", shuffle=False, fidelity=1) as loader:   # group 2 unread
@@ -260,7 +345,8 @@ def test_device_backend_sends_records_to_the_cpu(written):
 
 
 class _Tiny:
-    """A small CNN (fast on the CPU) for the fidelity search."""
+    """A small CNN (fast on the CPU) for the fidelity search, with batch norm and
+    dropout: both must not make the passes at different fidelities differ."""
 
     @staticmethod
     def make():
@@ -268,7 +354,8 @@ class _Tiny:
 
         torch.manual_seed(0)
         return torch.nn.Sequential(torch.nn.Conv2d(3, 8, 3, stride=2), torch.nn.BatchNorm2d(8), torch.nn.ReLU(),
-                                   torch.nn.AdaptiveAvgPool2d(1), torch.nn.Flatten(), torch.nn.Linear(8, 2))
+                                   torch.nn.AdaptiveAvgPool2d(1), torch.nn.Flatten(), torch.nn.Dropout(0.5),
+                                   torch.nn.Linear(8, 2))
 
 
 def test_choose_fidelity(written):
@@ -279,6 +366,7 @@ def test_choose_fidelity(written):
     _, rec, _ = written
     model = _Tiny.make()
     before = {k: v.clone() for k, v in model.state_dict().items()}
+    rng = torch.random.get_rng_state()
     low = choose_fidelity(model, rec, batch_size=4, batches=2, image_size=32, threshold=-0.999)
     assert low.fidelity == 1 and list(low.scores) == [1] and low.batches == 2
     strict = choose_fidelity(model, rec, batch_size=4, batches=2, image_size=32, threshold=1.0)
@@ -288,9 +376,11 @@ def test_choose_fidelity(written):
     mid = choose_fidelity(model, rec, batch_size=4, batches=2, image_size=32,
                           threshold=(strict.scores[1] + strict.scores[17]) / 2)
     assert mid.fidelity == next(k for k, s in strict.scores.items() if s >= mid.threshold)
+    # The same batches, batch-norm state and dropout masks in every call and pass.
     assert mid.scores == {k: pytest.approx(strict.scores[k], abs=1e-5) for k in mid.scores}
     for k, v in model.state_dict().items():                   # the model is left as it was
         assert torch.equal(v, before[k]), k
+    assert torch.equal(torch.random.get_rng_state(), rng)     # and the global random state
     with pytest.raises(ValueError):
         choose_fidelity(model, rec, threshold=1.5)
 
@@ -333,6 +423,10 @@ def test_cli_write_info_and_train(tmp_path):
     assert code == 2 and "already holds record files" in err
     code, _, err = _cli("records", "info", str(tmp_path))
     assert code == 2 and "no record files" in err
+    code, _, err = _cli("records", "info", str(tmp_path / "rec" / "val"), "--sample", "0")
+    assert code == 2 and "sample must be at least 1" in err
+    code, _, err = _cli("records", "info", str(tmp_path / "rec" / "val"), "extra")
+    assert code == 2 and "takes one DIR" in err
 
     code, out, err = _cli("train", "--records", str(tmp_path / "rec"), "--fidelity", "auto", "--steps", "2",
                           "--batch-size", "3", "--image-size", "32", "--json")
