@@ -225,6 +225,8 @@ class WriteReport:
 
 def _prepare(path: str, verify: bool, jpegtran: str) -> tuple[list[bytes], int]:
     """``(pieces, source bytes)`` of one source file (see :func:`write_records`)."""
+    if not stat.S_ISREG(os.stat(path).st_mode):     # a FIFO would block open()
+        raise RecordError(f"{path}: not a regular file")
     with open(path, "rb") as f:
         data = f.read()
     progressive = transcode(data, path, jpegtran)
@@ -232,9 +234,13 @@ def _prepare(path: str, verify: bool, jpegtran: str) -> tuple[list[bytes], int]:
     if verify:
         try:
             source = _decode_rgb(data)
-        except Exception as exc:
+        except Exception as exc:  # noqa: BLE001 - Pillow raises many types
             raise RecordError(f"{path}: Pillow cannot decode the source: {exc}") from None
-        if not np.array_equal(source, _decode_rgb(rebuild(pieces))):
+        try:
+            same = np.array_equal(source, _decode_rgb(rebuild(pieces)))
+        except Exception as exc:  # noqa: BLE001
+            raise RecordError(f"{path}: Pillow cannot decode the progressive re-encoding: {exc}") from None
+        if not same:
             raise RecordError(f"{path}: the progressive re-encoding does not decode to the source's pixels")
     return pieces, len(data)
 

@@ -134,12 +134,13 @@ def test_skipped_inputs_are_reported(tmp_path):
     sof = huge.index(b"\xff\xc0")
     huge[sof + 5:sof + 9] = struct.pack(">HH", 65500, 65500)
     (src / "a" / "huge.jpg").write_bytes(bytes(huge))
+    os.mkfifo(src / "a" / "fifo.jpg")
     report = R.write_records(src, tmp_path / "rec")
     assert report.images == 1
     skipped = dict(report.skipped)
-    assert set(skipped) == {str(src / "a" / n) for n in ("png.jpg", "empty.jpg", "truncated.jpg", "huge.jpg")}
+    assert set(skipped) == {str(src / "a" / n) for n in ("png.jpg", "empty.jpg", "truncated.jpg", "huge.jpg", "fifo.jpg")}
     for path, reason in skipped.items():
-        assert path in reason and ("jpegtran" in reason or "Pillow" in reason)
+        assert path in reason and ("jpegtran" in reason or "Pillow" in reason or "not a regular file" in reason)
     with pytest.raises(FileExistsError):
         R.write_records(src, tmp_path / "rec")
 
