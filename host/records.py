@@ -436,7 +436,6 @@ class RecordFile:
         # Start of each image's piece within its group.
         self.starts = np.concatenate((np.zeros((s + 1, 1), np.int64), np.cumsum(self.lengths, axis=1)[:, :-1]),
                                      axis=1)
-        self.file_bytes = size
         self._verdicts: list[str | None] = [None] * (s + 1)    # "ok", or the group's error
 
     def __len__(self) -> int:
