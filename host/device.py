@@ -121,6 +121,18 @@ class DecoderDevice:
         self._free_slots = self.transport.read32(Reg.JOB_PUSH)
         return self._free_slots
 
+    def _access(self, ops: Sequence[tuple[int, int | None]]) -> list[int]:
+        """Register accesses in order: ``(offset, value)`` writes, ``(offset, None)``
+        reads; returns the values read."""
+        t = self.transport
+        values = []
+        for offset, value in ops:
+            if value is None:
+                values.append(t.read32(offset))
+            else:
+                t.write32(offset, value)
+        return values
+
     def submit(self, job_id: int, in_addr: int, in_len: int, out_addr: int, out_cap: int) -> bool:
         """Queue a job; False (nothing queued) when the job FIFO is full.
 
@@ -133,32 +145,56 @@ class DecoderDevice:
             ValueError: a length does not fit 32 bits (the device itself completes a job
                 with ``in_len`` 0 or an unaligned address as BAD_JOB).
         """
-        if not (0 <= in_len < 1 << 32 and 0 <= out_cap < 1 << 32):
-            raise ValueError(f"job {job_id}: lengths must fit the 32-bit registers ({in_len}, {out_cap})")
-        if self._free_slots == 0 and self.free_slots() == 0:
-            return False
-        t = self.transport
-        for reg, value in ((Reg.JOB_IN_ADDR_LO, in_addr), (Reg.JOB_IN_ADDR_HI, in_addr >> 32),
-                           (Reg.JOB_IN_LEN, in_len), (Reg.JOB_OUT_ADDR_LO, out_addr),
-                           (Reg.JOB_OUT_ADDR_HI, out_addr >> 32), (Reg.JOB_OUT_CAP, out_cap),
-                           (Reg.JOB_ID, job_id), (Reg.JOB_PUSH, 1)):
-            t.write32(reg, value & 0xFFFFFFFF)
-        self._free_slots -= 1
-        self.in_flight.add(job_id)
-        return True
+        return self.submit_many([(job_id, in_addr, in_len, out_addr, out_cap)]) == 1
+
+    def submit_many(self, jobs: Sequence[tuple[int, int, int, int, int]]) -> int:
+        """Queue jobs in order while the job FIFO has room (one read of its free count at
+        most, then the jobs' register writes).
+
+        Args:
+            jobs: ``(job_id, in_addr, in_len, out_addr, out_cap)`` per job, as :meth:`submit`.
+
+        Returns:
+            How many of the first jobs were queued (the rest were not touched).
+
+        Raises:
+            ValueError: a length does not fit 32 bits (nothing is queued).
+        """
+        for job_id, _, in_len, _, out_cap in jobs:
+            if not (0 <= in_len < 1 << 32 and 0 <= out_cap < 1 << 32):
+                raise ValueError(f"job {job_id}: lengths must fit the 32-bit registers ({in_len}, {out_cap})")
+        if self._free_slots < len(jobs):
+            self.free_slots()                 # one read: the cached count only falls
+        queued = jobs[: self._free_slots]
+        if not queued:
+            return 0
+        ops = []
+        for job_id, in_addr, in_len, out_addr, out_cap in queued:
+            ops += ((Reg.JOB_IN_ADDR_LO, in_addr & 0xFFFFFFFF), (Reg.JOB_IN_ADDR_HI, in_addr >> 32 & 0xFFFFFFFF),
+                    (Reg.JOB_IN_LEN, in_len), (Reg.JOB_OUT_ADDR_LO, out_addr & 0xFFFFFFFF),
+                    (Reg.JOB_OUT_ADDR_HI, out_addr >> 32 & 0xFFFFFFFF), (Reg.JOB_OUT_CAP, out_cap),
+                    (Reg.JOB_ID, job_id & 0xFFFFFFFF), (Reg.JOB_PUSH, 1))
+        self._access(ops)
+        self._free_slots -= len(queued)
+        self.in_flight.update(job[0] for job in queued)
+        return len(queued)
+
+    #: The registers of one completion, read in this order, then DONE_POP.
+    _DONE = ((Reg.DONE_STATUS, None), (Reg.DONE_SIZE, None), (Reg.DONE_ID, None), (Reg.DONE_BYTES, None),
+             (Reg.DONE_CLOCKS, None), (Reg.DONE_SYMBOLS, None), (Reg.DONE_POP, 1))
 
     def poll(self) -> list[Completion]:
         """Read and pop every waiting completion (never blocks)."""
-        t = self.transport
+        count = self.transport.read32(Reg.DONE_COUNT)
+        if not count:
+            return []
+        values = self._access(self._DONE * count)
         out = []
-        for _ in range(t.read32(Reg.DONE_COUNT)):
-            status = t.read32(Reg.DONE_STATUS)
-            size = t.read32(Reg.DONE_SIZE)
-            done = Completion(t.read32(Reg.DONE_ID), status & 0xFF, (status >> 8) & 0xFF, size & 0xFFFF,
-                              size >> 16, t.read32(Reg.DONE_BYTES), t.read32(Reg.DONE_CLOCKS),
-                              t.read32(Reg.DONE_SYMBOLS))
-            t.write32(Reg.DONE_POP, 1)
-            self.in_flight.discard(done.job_id)
+        for i in range(0, 6 * count, 6):
+            status, size, job_id, written, clocks, symbols = values[i:i + 6]
+            done = Completion(job_id, status & 0xFF, (status >> 8) & 0xFF, size & 0xFFFF, size >> 16,
+                              written, clocks, symbols)
+            self.in_flight.discard(job_id)
             out.append(done)
         return out
 

@@ -291,6 +291,45 @@ def test_ap_ctrl_hs_and_interrupt(sim1):
     assert done.job_id == 9 and done.status == 0
 
 
+def test_submit_many_fills_the_job_fifo_and_queues_no_more(sim1):
+    """``submit_many`` queues jobs in order while the job FIFO has room and touches none
+    of the rest; completions collected a batch at a time equal Pillow's."""
+    _fresh(sim1)
+    sim1.reset()                                   # stopped: queued jobs wait
+    device = DecoderDevice(sim1)
+    depth = device.job_depth
+    files = [gen(16 + 8 * (i % 3), 16, subsampling=i % 3, quality=50 + i) for i in range(depth + 3)]
+    bufs, srcs, jobs = [], [], []
+    for i, data in enumerate(files):
+        src, dst = sim1.allocate(len(data), writable=False), sim1.allocate(_cap(data))
+        src.array[:] = np.frombuffer(data, np.uint8)
+        bufs.append(dst)
+        srcs.append(src)
+        jobs.append((1000 + i, src.device_address, len(data), dst.device_address, _cap(data)))
+    with pytest.raises(ValueError, match="32-bit"):
+        device.submit_many([jobs[0], (1, 0, 1 << 32, 0, 0)])
+    assert sim1.read32(Reg.JOB_PUSH) == depth, "a refused batch queues nothing"
+    assert device.submit_many(jobs) == depth
+    assert sim1.read32(Reg.JOB_PUSH) == 0 and device.in_flight == {j[0] for j in jobs[:depth]}
+    assert device.submit_many(jobs[depth:]) == 0
+    device.start()
+    done = []
+    while device.in_flight:
+        done += device.wait()
+    assert device.submit_many(jobs[depth:]) == 3
+    while device.in_flight:
+        done += device.wait()
+    assert sorted(d.job_id for d in done) == [j[0] for j in jobs]
+    for d in done:
+        i = d.job_id - 1000
+        ref, _ = pillow_rgb(files[i])
+        assert d.status == 0 and d.bytes_written == ref.size
+        assert (bufs[i].array[:ref.size].reshape(ref.shape) == ref).all()
+    assert _violations(sim1) == 0
+    for buf in bufs + srcs:
+        buf.free()
+
+
 def test_cli_decode_backend_sim(tmp_path, capsys):
     from dlbooster.cli import main
 

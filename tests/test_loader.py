@@ -745,3 +745,38 @@ def test_sim_two_devices_at_once(sim_source):
             assert reasons == [(7, "progressive"), (8, "unreadable")]
     finally:
         backend.close()
+
+
+# ---------------------------------------------------------------------------------
+# The instant device (benchmark instrument) under the real runtime, and bench host
+
+
+def test_instant_device_batches_equal_pillow_and_bench_host_accounts(tiny_source):
+    """The host-cost benchmark's instrument must deliver Pillow's pixels through the real
+    driver and service (else the benchmark would time a broken path), and the benchmark
+    must account every image, the time its files took to read and the instrument's work."""
+    from dlbooster.bench_runtime import bench_host
+    from dlbooster.instant import InstantBackend, InstantTransport
+
+    transport = InstantTransport(lanes=2, job_depth=4)
+    for path, _ in tiny_source:
+        with open(path, "rb") as f:
+            data = f.read()
+        transport.learn(data, pillow_file(path)[0])
+    with make_loader(tiny_source, 5, backend=InstantBackend(transport), slot_pixels=32 * 32) as loader:
+        batches = drain(loader)
+        assert check_batches(loader, batches) == list(range(len(tiny_source)))
+        assert loader.stats().outcomes == {"ok": len(tiny_source)}
+        assert loader.service.stats.read_seconds > 0
+        assert loader.service.stats.jobs == len(tiny_source)
+    assert transport.device_seconds > 0
+
+    files = [(path, open(path, "rb").read()) for path, _ in tiny_source]
+    result = bench_host(files, batch_size=4, epochs=2, lanes=2)
+    assert result["images"] == len(files) and len(result["epochs"]) == 2
+    assert result["outcomes"] == {"ok": len(files)}         # the last epoch's
+    for row in result["epochs"]:
+        assert row["images"] == len(files)
+        assert row["read_s"] > 0 and row["instrument_s"] > 0
+        assert 0 < row["host_us_per_image"] < row["with_reads_us_per_image"]
+    assert result["goal_met"] == (result["host_us_per_image"] <= 20.0)
