@@ -24,6 +24,10 @@ from .hw.regs import MAGIC, Ctrl, Irq, Reg, device_reason
 
 __all__ = ["Completion", "DecoderDevice", "DeviceError", "JobOutcome"]
 
+# Register offsets as plain ints: these lists are built per job and per completion.
+_JOB_FIELDS = tuple(int(r) for r in (Reg.JOB_IN_ADDR_LO, Reg.JOB_IN_ADDR_HI, Reg.JOB_IN_LEN, Reg.JOB_OUT_ADDR_LO,
+                                     Reg.JOB_OUT_ADDR_HI, Reg.JOB_OUT_CAP, Reg.JOB_ID, Reg.JOB_PUSH))
+
 
 class DeviceError(RuntimeError):
     """The device is absent, not a dlbooster decoder, or stopped answering."""
@@ -170,18 +174,17 @@ class DecoderDevice:
             return 0
         ops = []
         for job_id, in_addr, in_len, out_addr, out_cap in queued:
-            ops += ((Reg.JOB_IN_ADDR_LO, in_addr & 0xFFFFFFFF), (Reg.JOB_IN_ADDR_HI, in_addr >> 32 & 0xFFFFFFFF),
-                    (Reg.JOB_IN_LEN, in_len), (Reg.JOB_OUT_ADDR_LO, out_addr & 0xFFFFFFFF),
-                    (Reg.JOB_OUT_ADDR_HI, out_addr >> 32 & 0xFFFFFFFF), (Reg.JOB_OUT_CAP, out_cap),
-                    (Reg.JOB_ID, job_id & 0xFFFFFFFF), (Reg.JOB_PUSH, 1))
+            ops += zip(_JOB_FIELDS, (in_addr & 0xFFFFFFFF, in_addr >> 32 & 0xFFFFFFFF, in_len, out_addr & 0xFFFFFFFF,
+                                     out_addr >> 32 & 0xFFFFFFFF, out_cap, job_id & 0xFFFFFFFF, 1))
         self._access(ops)
         self._free_slots -= len(queued)
         self.in_flight.update(job[0] for job in queued)
         return len(queued)
 
     #: The registers of one completion, read in this order, then DONE_POP.
-    _DONE = ((Reg.DONE_STATUS, None), (Reg.DONE_SIZE, None), (Reg.DONE_ID, None), (Reg.DONE_BYTES, None),
-             (Reg.DONE_CLOCKS, None), (Reg.DONE_SYMBOLS, None), (Reg.DONE_POP, 1))
+    _DONE = tuple((int(r), v) for r, v in ((Reg.DONE_STATUS, None), (Reg.DONE_SIZE, None), (Reg.DONE_ID, None),
+                                           (Reg.DONE_BYTES, None), (Reg.DONE_CLOCKS, None),
+                                           (Reg.DONE_SYMBOLS, None), (Reg.DONE_POP, 1)))
 
     def poll(self) -> list[Completion]:
         """Read and pop every waiting completion (never blocks)."""

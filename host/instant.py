@@ -29,6 +29,14 @@ from .hw.regs import MAGIC, Irq, Reg
 
 __all__ = ["InstantBackend", "InstantTransport"]
 
+# Plain ints and tables: the register file should cost the host no more than a store
+# or load through a Python MMIO call would (enum members and per-call dicts cost more).
+_DONE_FIELDS = {int(Reg.DONE_ID): 0, int(Reg.DONE_STATUS): 1, int(Reg.DONE_SIZE): 2, int(Reg.DONE_BYTES): 3,
+                int(Reg.DONE_CLOCKS): 4, int(Reg.DONE_SYMBOLS): 5}
+_STAGED = frozenset(range(int(Reg.JOB_IN_ADDR_LO), int(Reg.JOB_ID) + 1, 4))
+_JOB_PUSH, _DONE_COUNT, _DONE_POP, _ISR = int(Reg.JOB_PUSH), int(Reg.DONE_COUNT), int(Reg.DONE_POP), int(Reg.ISR)
+_COMPLETION = int(Irq.COMPLETION)
+
 
 def _key(data) -> tuple[int, int]:
     # A cheap content key: the length and a CRC of the first 4 KiB.
@@ -100,37 +108,35 @@ class InstantTransport:
         return buf.array[offset:offset + size]
 
     def read32(self, offset: int) -> int:
+        field = _DONE_FIELDS.get(offset)
+        if field is not None:
+            return self._done[0][field] if self._done else 0
+        if offset == _DONE_COUNT:
+            return len(self._done)
+        if offset == _JOB_PUSH:
+            return self.job_depth           # jobs complete at once: the FIFO is always free
+        if offset == _ISR:
+            return self._isr
         if offset == Reg.ID:
             return MAGIC
         if offset == Reg.CONFIG:
             return self.lanes | 16 << 8 | self.job_depth << 16 | 16 << 24
         if offset == Reg.MAX_WIDTH:
             return self.max_width
-        if offset == Reg.JOB_PUSH:
-            return self.job_depth           # jobs complete at once: the FIFO is always free
-        if offset == Reg.DONE_COUNT:
-            return len(self._done)
-        if offset == Reg.ISR:
-            return self._isr
-        head = self._done[0] if self._done else None
-        fields = {Reg.DONE_ID: 0, Reg.DONE_STATUS: 1, Reg.DONE_SIZE: 2, Reg.DONE_BYTES: 3,
-                  Reg.DONE_CLOCKS: 4, Reg.DONE_SYMBOLS: 5}
-        if offset in fields:
-            return head[fields[offset]] if head else 0
         return 0
 
     def write32(self, offset: int, value: int) -> None:
-        if offset == Reg.ISR:
-            self._isr &= ~value
-        elif offset == Reg.DONE_POP:
-            if self._done:
-                self._done.popleft()
-        elif offset == Reg.JOB_PUSH:
+        if offset in _STAGED:
+            self._staged[offset] = value
+        elif offset == _JOB_PUSH:
             start = time.thread_time()
             self._run_job()
             self.device_seconds += time.thread_time() - start
-        elif Reg.JOB_IN_ADDR_LO <= offset <= Reg.JOB_ID:
-            self._staged[offset] = value
+        elif offset == _DONE_POP:
+            if self._done:
+                self._done.popleft()
+        elif offset == _ISR:
+            self._isr &= ~value
 
     def _run_job(self) -> None:
         s = self._staged
@@ -149,7 +155,7 @@ class InstantTransport:
             self._view(out_addr, image.size)[:] = image.reshape(-1)   # the device's DMA
             done = (job, lane << 8, w | h << 16, image.size, 1, 0)
         self._done.append(done)
-        self._isr |= Irq.COMPLETION
+        self._isr |= _COMPLETION
 
     def wait(self, max_clocks: int = 0) -> bool:
         return bool(self._isr)
