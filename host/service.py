@@ -257,20 +257,30 @@ class _Dispatcher(threading.Thread):
                     out_addr, cap = dst.device_address, need
                 job = (self.next_id + len(jobs)) & 0xFFFFFFFF
                 jobs.append((job, src.device_address, len(data), out_addr, cap))
-            queued = device.submit_many(jobs)
         except BaseException:
-            for _, _, src, dst in held:       # the fault path sends the items to the CPU
+            # Nothing is queued yet: the buffers go back, the fault path sends the items
+            # (self.current) to the CPU.
+            for _, _, src, dst in held:
                 self.staging.append(src)
                 if dst is not None:
                     dst.free()
             raise
-        for (job, *_), entry in zip(jobs[:queued], held):
-            self.inflight[job] = entry
+        try:
+            queued = device.submit_many(jobs)
+        except BaseException:
+            # Some jobs may be queued: all are held as in flight, so the fault path resets
+            # the device before it releases their buffers, and decodes them on the CPU.
+            queued = len(jobs)
+            raise
+        finally:
+            for (job, *_), entry in zip(jobs[:queued], held):
+                self.inflight[job] = entry
+            self.next_id = (self.next_id + queued) & 0xFFFFFFFF
+            self.current = [(task, data) for task, data, _, _ in held[queued:]] or None
         for _, _, src, dst in held[queued:]:
             self.staging.append(src)
             if dst is not None:
                 dst.free()
-        self.next_id = (self.next_id + queued) & 0xFFFFFFFF
         if service.trace is not None:
             now = time.perf_counter()
             for job, *_ in jobs[:queued]:
@@ -323,13 +333,24 @@ class _Dispatcher(threading.Thread):
             self.current = None
             service._to_cpu(task, data, done.reason, f"device status 0x{done.status:02x}", extra)
             return None
+        if done.bytes_written != 3 * done.width * done.height or done.bytes_written > (
+                task.buffer.slot_bytes if dst is None else dst.size):
+            # A completion whose figures disagree: its pixels cannot be trusted.
+            if dst is not None:
+                dst.free()
+            self.current = None
+            service._to_cpu(task, data, "device-fault", f"completion reports {done.width}x{done.height} "
+                            f"and {done.bytes_written} bytes written", extra)
+            return None
         buf = task.buffer
         buf.sizes[task.slot] = (done.height, done.width)
         if dst is not None:
-            dst.sync_from_device()
-            image = dst.array[: 3 * done.width * done.height].reshape(done.height, done.width, 3)
-            service._place(task, image.copy())
-            dst.free()
+            try:
+                dst.sync_from_device()
+                image = dst.array[: 3 * done.width * done.height].reshape(done.height, done.width, 3)
+                service._place(task, image.copy())
+            finally:
+                dst.free()
         self.current = None
         return task, Outcome(task.index, task.path, "ok", service.backend_name, extra=extra)
 
@@ -476,9 +497,12 @@ class DecodeService:
                 raise DecodeError("undecodable", "empty input", task.path)
             return data, None
         try:
-            # Regular files only: /dev/zero would fill memory, and a FIFO, opened without
-            # O_NONBLOCK, would block. Raw descriptor calls: five system calls per file
-            # where a buffered open() makes eleven (issue 7).
+            # Regular files only: /dev/zero would fill memory, a FIFO would block (and
+            # opening one would release its writer); O_NONBLOCK covers a swap after the
+            # check. Raw descriptor calls: six system calls per file where stat and a
+            # buffered open() make eleven (issue 7).
+            if not stat.S_ISREG(os.stat(task.path).st_mode):
+                raise DecodeError("unreadable", "not a regular file", task.path)
             fd = os.open(task.path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
             try:
                 st = os.fstat(fd)
@@ -612,17 +636,22 @@ class DecodeService:
         with self._lock:
             for _, outcome in finished:
                 self.stats.outcomes[outcome.status, outcome.reason] += 1
+        failure = None
         try:
             for task, outcome in finished:
                 try:
                     task.done(task, outcome)
                 except Exception:  # the task has its outcome; a consumer's fault must not re-report it
                     log.exception("done callback of %s failed", task.path)
+                except BaseException as exc:  # e.g. SystemExit: the other tasks still get theirs
+                    failure = failure or exc
         finally:
             with self._idle:
                 self._outstanding -= len(finished)
                 if not self._outstanding:
                     self._idle.notify_all()
+        if failure is not None:
+            raise failure
 
     def lane_busy(self) -> dict[str, float]:
         """Fraction of device clocks each lane spent on jobs since the service started

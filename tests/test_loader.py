@@ -780,3 +780,130 @@ def test_instant_device_batches_equal_pillow_and_bench_host_accounts(tiny_source
         assert row["read_s"] > 0 and row["instrument_s"] > 0
         assert 0 < row["host_us_per_image"] < row["with_reads_us_per_image"]
     assert result["goal_met"] == (result["host_us_per_image"] <= 20.0)
+
+
+def _instant_service(tmp_path, n: int, size: int, slot_pixels: int, job_depth: int = 4):
+    """n generated JPEGs of size x size, an instant device that knows their pixels, a
+    service over it and one batch buffer from the device's memory."""
+    from dlbooster.instant import InstantBackend, InstantTransport
+    from dlbooster.pool import BatchPool
+    from dlbooster.service import DecodeService
+
+    paths = [str(write(tmp_path / f"{i}.jpg", gen(size, size, subsampling=i % 3, quality=70 + i))) for i in range(n)]
+    transport = InstantTransport(lanes=2, job_depth=job_depth)
+    for p in paths:
+        transport.learn(open(p, "rb").read(), pillow_file(p)[0])
+    service = DecodeService(InstantBackend(transport), cpu_workers=1)
+    pool = BatchPool(n, 3 * slot_pixels, 1, allocate=service.allocator(), pin=False)
+    return paths, transport, service, pool
+
+
+def _run_once_each(paths, service, pool, hook=None) -> dict:
+    """Submit every path as one batch; return index -> (status, reason), asserting each
+    task's done ran exactly once and the pixels delivered are Pillow's."""
+    import collections
+    import threading
+
+    from dlbooster.service import Task
+
+    calls, outcomes, lock = collections.Counter(), {}, threading.Lock()
+    buf = pool.acquire()
+
+    def done(task, outcome):
+        with lock:
+            calls[task.index] += 1
+            outcomes[task.index] = (outcome.status, outcome.reason)
+        if hook is not None:
+            hook(task, outcome)
+
+    service.submit_many([Task(i, p, buf, i, done) for i, p in enumerate(paths)])
+    drained = threading.Thread(target=service.drain, daemon=True)
+    drained.start()
+    drained.join(30)
+    assert not drained.is_alive(), "drain hung"
+    assert dict(calls) == {i: 1 for i in range(len(paths))}
+    for i, p in enumerate(paths):
+        if outcomes[i][0] != "error":
+            h, w = buf.sizes[i]
+            image = buf.oversize.get(i)
+            image = image if image is not None else buf.data[i, : h * w * 3].reshape(h, w, 3)
+            assert (image == pillow_file(p)[0]).all(), p
+    return outcomes
+
+
+def test_instant_faults_mid_batch_lose_nothing_and_reset_before_freeing(tmp_path):
+    """Review findings on the batched dispatcher: a bus error on the second JOB_PUSH of a
+    batch resets the device before any output buffer of a queued job is freed; a
+    failing free of a refused job's buffer reports nothing twice; a done callback that
+    raises SystemExit does not cost the other tasks theirs."""
+    from dlbooster.hw.regs import Reg
+
+    # Images larger than a slot: every job gets its own output buffer.
+    paths, t, service, pool = _instant_service(tmp_path, 8, 32, 16 * 16)
+    events, write32, free, reset = [], t.write32, t._free, t.reset
+    pushes = []
+
+    def faulty_write(offset, value):
+        if offset == Reg.JOB_PUSH:
+            pushes.append(t._staged[int(Reg.JOB_OUT_ADDR_LO)] | t._staged[int(Reg.JOB_OUT_ADDR_HI)] << 32)
+            if len(pushes) == 2:
+                raise OSError("bus error")
+        write32(offset, value)
+
+    t.write32 = faulty_write
+    t._free = lambda buf: (events.append(("free", buf.device_address)), free(buf))[1]
+    t.reset = lambda *a: (events.append(("reset",)), reset(*a))[1]
+    outcomes = _run_once_each(paths, service, pool)
+    assert set(outcomes.values()) == {("fallback", "device-fault")}
+    assert events.index(("free", pushes[0])) > events.index(("reset",))
+    service.close()
+    pool.close()
+
+    paths, t, service, pool = _instant_service(tmp_path / "b", 8, 32, 16 * 16)
+    read32, free = t.read32, t._free
+    t.read32 = lambda offset: 1 if offset == Reg.JOB_PUSH else read32(offset)   # room for one job
+    failed = []
+
+    def faulty_free(buf):
+        if buf.size >= 3 * 32 * 32 and not failed:
+            failed.append(buf)
+            raise OSError("free failed")
+        free(buf)
+
+    t._free = faulty_free
+    assert set(_run_once_each(paths, service, pool).values()) == {("fallback", "device-fault")}
+    assert failed
+    service.close()
+    pool.close()
+
+    paths, t, service, pool = _instant_service(tmp_path / "c", 8, 16, 16 * 16)
+    exits = []
+
+    def hook(task, outcome):
+        if not exits:
+            exits.append(task.index)
+            raise SystemExit("consumer exits")
+
+    outcomes = _run_once_each(paths, service, pool, hook)
+    assert exits and all(status in ("ok", "fallback") for status, _ in outcomes.values())
+    service.close()
+    pool.close()
+
+
+def test_instant_completion_with_inconsistent_figures_goes_to_the_cpu(tmp_path):
+    """A completion whose size and byte count disagree (a device fault) is not trusted:
+    the image is decoded on the CPU, reason ``device-fault``."""
+    paths, t, service, pool = _instant_service(tmp_path, 4, 16, 16 * 16)
+    run_job = t._run_job
+
+    def lying():
+        run_job()
+        job, status, size, written, clocks, symbols = t._done[-1]
+        if job % 2 == 0:
+            t._done[-1] = (job, status, size, written - 3, clocks, symbols)
+
+    t._run_job = lying
+    outcomes = _run_once_each(paths, service, pool)
+    assert sorted(outcomes.values()) == [("fallback", "device-fault")] * 2 + [("ok", None)] * 2
+    service.close()
+    pool.close()
