@@ -618,6 +618,8 @@ def run(args: argparse.Namespace) -> int:
                        f"{r['instrument_s']:.3f}", f"{r['read_s']:.3f}", f"{r['host_us_per_image']:.1f}",
                        f"{r['with_reads_us_per_image']:.1f}", f"{r['images_per_s']:.0f}"]
                       for r in result["epochs"]]))
+        last = result["epochs"][-1]["thread_cpu_us_per_image"]
+        print("thread CPU, last epoch, us/image: " + ", ".join(f"{k} {v:.1f}" for k, v in sorted(last.items())))
         print(f"host cost {result['host_us_per_image']:.1f} us/image without file reads, "
               f"{result['with_reads_us_per_image']:.1f} with them (goal 20: "
               f"{'met' if result['goal_met'] else 'not met'}); a header pre-screen, when it runs "

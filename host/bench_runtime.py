@@ -7,7 +7,9 @@
   transform, which a GPU system runs on the GPU, is replaced by ``len`` (the views are
   made, nothing is computed on them); the copy to a GPU would be one asynchronous call
   per batch. Host cost is the process CPU time over the timed epochs, less what the
-  instrument spends playing the device, divided by the images.
+  instrument spends playing the device and less the file reads (timed where they
+  happen, reported apart), divided by the images; the CPU time of each thread
+  (iterating thread, dispatchers) per image is recorded too.
 - ``bench loader``: images/s of ``dlbooster.Loader`` with the ``cpu`` backend and the
   device-side train transform versus torchvision ``ImageFolder`` +
   ``DataLoader(num_workers=2)`` with the equivalent transform, same files, same run, in
@@ -62,9 +64,12 @@ def bench_host(files: list[tuple[str, bytes]], *, batch_size: int = 64, epochs: 
         for epoch in range(epochs + 1):       # epoch 0 warms up (page cache, first-use costs)
             loader.set_epoch(epoch)
             device0, read0 = transport.device_seconds, loader.service.stats.read_seconds
+            threads0 = _thread_cpu()
             cpu0, wall0 = time.process_time(), time.perf_counter()
             images = sum(len(batch[1]) for batch in loader)
             cpu_s = time.process_time() - cpu0
+            threads = {name: (t - threads0[name]) / images * 1e6
+                       for name, t in _thread_cpu().items() if name in threads0}
             wall = time.perf_counter() - wall0
             device_s = transport.device_seconds - device0
             read_s = loader.service.stats.read_seconds - read0
@@ -73,6 +78,7 @@ def bench_host(files: list[tuple[str, bytes]], *, batch_size: int = 64, epochs: 
                              "instrument_s": device_s, "read_s": read_s,
                              "host_us_per_image": (cpu_s - device_s - read_s) / images * 1e6,
                              "with_reads_us_per_image": (cpu_s - device_s) / images * 1e6,
+                             "thread_cpu_us_per_image": threads,
                              "images_per_s": images / wall})
         outcomes = dict(loader.stats().outcomes)
     finally:
@@ -85,6 +91,21 @@ def bench_host(files: list[tuple[str, bytes]], *, batch_size: int = 64, epochs: 
             "host_us_per_image": host_us, "with_reads_us_per_image": with_reads,
             "prescreen_us_per_image": parse,
             "goal_us_per_image": 20.0, "goal_met": host_us <= 20.0}
+
+
+def _thread_cpu() -> dict[str, float]:
+    """CPU seconds (kernel included) of each live thread by name: where the host's time
+    goes (the iterating thread, each device's dispatcher; the instrument's work and the
+    file reads run on the dispatchers)."""
+    import threading
+
+    out = {}
+    for thread in threading.enumerate():
+        try:
+            out[thread.name] = time.clock_gettime(time.pthread_getcpuclockid(thread.ident))
+        except (OSError, TypeError):          # the thread ended meanwhile
+            continue
+    return out
 
 
 def _time_prescreen(files: list[tuple[str, bytes]]) -> float:

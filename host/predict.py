@@ -54,9 +54,9 @@ _VIEWS = {"view", "_unsafe_view", "t", "detach", "slice", "expand", "as_strided"
           "new_empty_strided", "lift_fresh", "_reshape_alias", "unflatten", "flatten",
           "_record_function_enter_new", "_record_function_exit"}
 
-#: Host runtime cost per image, microseconds: ``dlbooster bench host`` (docs/benchmarks.md,
-#: issue 7, median of three epochs on the 2-core build machine).
-HOST_US_PER_IMAGE = 254.0
+#: Host runtime cost per image, microseconds, file reads included: ``dlbooster bench host``
+#: (docs/benchmarks.md, issue 7, median of eight epochs on the 2-core build machine).
+HOST_US_PER_IMAGE = 208.0
 
 _CONV = "convolution"
 _CONV_BWD = "convolution_backward"

@@ -779,6 +779,8 @@ def test_instant_device_batches_equal_pillow_and_bench_host_accounts(tiny_source
         assert row["images"] == len(files)
         assert row["read_s"] > 0 and row["instrument_s"] > 0
         assert 0 < row["host_us_per_image"] < row["with_reads_us_per_image"]
+        threads = row["thread_cpu_us_per_image"]
+        assert threads["MainThread"] > 0 and threads["dlbooster-device0"] > 0
     assert result["goal_met"] == (result["host_us_per_image"] <= 20.0)
 
 
