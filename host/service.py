@@ -105,9 +105,9 @@ class ServiceStats:
         jobs: jobs sent to devices.
         device_queue_peak: most batch shares waiting for a device at once.
         oversize: images larger than their slot.
-        read_seconds: CPU seconds (thread time, kernel included) spent reading input
-            files: the storage side of the host's work, reported apart by the host-cost
-            benchmark (issue 7).
+        read_seconds: CPU seconds (thread time, kernel included) spent reading inputs
+            (files, or the bytes a ``Task.read`` returns): the storage side of the
+            host's work, reported apart by the host-cost benchmark (issue 7).
     """
 
     outcomes: collections.Counter = field(default_factory=collections.Counter)
