@@ -15,6 +15,7 @@ import shutil
 import struct
 import time
 import warnings
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -759,9 +760,8 @@ def test_instant_device_batches_equal_pillow_and_bench_host_accounts(tiny_source
     from dlbooster.instant import InstantBackend, InstantTransport
 
     transport = InstantTransport(lanes=2, job_depth=4)
-    for path, _ in tiny_source:
-        with open(path, "rb") as f:
-            data = f.read()
+    files = [(path, Path(path).read_bytes()) for path, _ in tiny_source]
+    for path, data in files:
         transport.learn(data, pillow_file(path)[0])
     with make_loader(tiny_source, 5, backend=InstantBackend(transport), slot_pixels=32 * 32) as loader:
         batches = drain(loader)
@@ -771,7 +771,6 @@ def test_instant_device_batches_equal_pillow_and_bench_host_accounts(tiny_source
         assert loader.service.stats.jobs == len(tiny_source)
     assert transport.device_seconds > 0
 
-    files = [(path, open(path, "rb").read()) for path, _ in tiny_source]
     result = bench_host(files, batch_size=4, epochs=2, lanes=2)
     assert result["images"] == len(files) and len(result["epochs"]) == 2
     assert result["outcomes"] == {"ok": len(files)}         # the last epoch's
@@ -794,7 +793,7 @@ def _instant_service(tmp_path, n: int, size: int, slot_pixels: int, job_depth: i
     paths = [str(write(tmp_path / f"{i}.jpg", gen(size, size, subsampling=i % 3, quality=70 + i))) for i in range(n)]
     transport = InstantTransport(lanes=2, job_depth=job_depth)
     for p in paths:
-        transport.learn(open(p, "rb").read(), pillow_file(p)[0])
+        transport.learn(Path(p).read_bytes(), pillow_file(p)[0])
     service = DecodeService(InstantBackend(transport), cpu_workers=1)
     pool = BatchPool(n, 3 * slot_pixels, 1, allocate=service.allocator(), pin=False)
     return paths, transport, service, pool
