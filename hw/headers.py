@@ -107,17 +107,19 @@ class HeaderParser(wiring.Component):
     def elaborate(self, platform):
         m = Module()
 
-        # Byte source: the held input beat and the index of its next byte.
+        # Byte source: the held input beat and the index of its next byte. The beat's data
+        # shifts down a byte per byte taken, so the next byte is always its low byte (no
+        # byte-select multiplexer in front of the parser's decisions).
         held = Signal(InputBeat)
         held_valid = Signal()
         pos = Signal(3)
         take = Signal()
         byte = Signal(8)
         byte_valid = held_valid & (pos < held.n)
-        m.d.comb += byte.eq((held.data >> (pos * 8))[:8])
+        m.d.comb += byte.eq(held.data[:8])
         at_end = held_valid & held.last & (pos >= held.n)
         with m.If(take):
-            m.d.sync += pos.eq(pos + 1)
+            m.d.sync += [pos.eq(pos + 1), held.data.eq(held.data >> 8)]
         refill = ~held_valid | (pos >= held.n) | ((pos + 1 >= held.n) & take)
         forwarding = Signal()        # in FORWARD
         passing = Signal()           # FORWARD, input beats go straight to ``entropy``
@@ -132,6 +134,8 @@ class HeaderParser(wiring.Component):
         status = Signal(5)
         remaining = Signal(16)       # bytes left in the segment
         k = Signal(9)                # position inside the current item
+        sof_comp = Signal(2)         # SOF: component of the byte at k >= 6
+        sof_field = Signal(2)        # SOF: its field (0 C, 1 H/V, 2 Tq)
         hi = Signal(8)               # a 16-bit field's first byte
         sel = Signal(3)              # table being loaded (DHT: Tc * 4 + Th; DQT: Tq)
         wide = Signal()              # 16-bit DQT entries
@@ -393,17 +397,21 @@ class HeaderParser(wiring.Component):
                         with m.Case(4):
                             m.d.sync += width[0:8].eq(byte)
                         with m.Case(5):
-                            m.d.sync += nf.eq(byte)
-                            with m.If((remaining - 1) != byte * 3):
+                            m.d.sync += [nf.eq(byte), sof_comp.eq(0), sof_field.eq(0)]
+                            # 3 * Nf as shift-add: a constant product maps to a DSP on ECP5.
+                            with m.If((remaining - 1) != (byte << 1) + byte):
                                 fail(HeaderStatus.MALFORMED)
                             with m.Elif(precision != 8):
                                 fail(HeaderStatus.PRECISION)
                             with m.Elif((byte != 1) & (byte != 3)):
                                 fail(HeaderStatus.COMPONENTS)
                         with m.Default():
-                            c = Signal(2)
-                            m.d.comb += c.eq((k - 6) // 3)
-                            with m.Switch((k - 6) % 3):
+                            # Component sof_comp, field sof_field: counters, not (k - 6) // 3
+                            # and % 3, whose divider was the parser's critical path.
+                            c = sof_comp
+                            m.d.sync += [sof_field.eq(Mux(sof_field == 2, 0, sof_field + 1)),
+                                         sof_comp.eq(sof_comp + (sof_field == 2))]
+                            with m.Switch(sof_field):
                                 with m.Case(0):
                                     m.d.sync += comp_id[c].eq(byte)
                                 with m.Case(1):
@@ -525,7 +533,7 @@ class HeaderParser(wiring.Component):
                 rest = held.n - pos
                 with m.If(held_valid & (pos < held.n)):
                     m.d.comb += [self.entropy.valid.eq(1),
-                                 self.entropy.payload.data.eq(held.data >> (pos * 8)),
+                                 self.entropy.payload.data.eq(held.data),
                                  self.entropy.payload.n.eq(rest), self.entropy.payload.last.eq(held.last)]
                     with m.If(self.entropy.ready):
                         m.d.sync += pos.eq(held.n)

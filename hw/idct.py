@@ -20,6 +20,8 @@ __all__ = ["BlockRow", "Idct", "IdctPass", "LATENCY", "QuantWrite", "TransposeBu
 
 #: Clocks from an accepted input vector to its output vector.
 LATENCY = 6
+#: Enabled clocks from an input vector to its ``IdctPass.sums_fit``.
+SUMS_FIT_DELAY = 2
 
 # round(x * 8192) constants of jidctint.c (CONST_BITS = 13).
 _FIX = {
@@ -44,6 +46,12 @@ class IdctPass(wiring.Component):
         o: 8 signed outputs ``o0..o7`` before descaling (``out_width`` bits), valid
             with ``o_valid`` :data:`LATENCY` enabled clocks after the input.
         en: advance the pipeline this clock (back-pressure holds every stage).
+        sums_fit: the pairwise sums of the input of :data:`SUMS_FIT_DELAY` enabled clocks
+            ago (``d0 + d4``, ``d0 - d4``, ``d2 + d6``, ``d7 + d1``, ``d5 + d3``,
+            ``d7 + d3``, ``d5 + d1`` and ``d7 + d3 + d5 + d1``) all fit 16 bits: the
+            condition of libjpeg-turbo's 16-bit SIMD lanes (the model's ``_simd_safe``),
+            taken from the pipeline's own registered sums rather than from adders of
+            its own on the input.
     """
 
     def __init__(self, width: int = 32, out_width: int | None = None):
@@ -56,6 +64,7 @@ class IdctPass(wiring.Component):
             "o": Out(signed(out_width)).array(8),
             "o_valid": Out(1),
             "en": In(1),
+            "sums_fit": Out(1),
         })
 
     def elaborate(self, platform):
@@ -83,6 +92,8 @@ class IdctPass(wiring.Component):
         }
         z34 = reg("z34", s1["z3"] + s1["z4"], w + 2)  # an extra stage for z5's operand
         s1b = {k: reg(f"{k}_b", v, len(v)) for k, v in s1.items()}
+        m.d.comb += self.sums_fit.eq(Cat(*(_fits16(s1b[k]) for k in ("t0e", "t1e", "z1e", "z1", "z2", "z3", "z4")),
+                                         _fits16(z34)).all())
         pw = self.out_width
         # Stage 2: products (and << 13 of the DC terms).
         f = _FIX
@@ -240,13 +251,6 @@ def _fits16(x):
     return (x >= -32768) & (x <= 32767)
 
 
-def _simd_sums_fit(d):
-    """The pairwise sums a 16-bit SIMD lane forms fit 16 bits (model ``_simd_safe``)."""
-    return (_fits16(d[0] + d[4]) & _fits16(d[0] - d[4]) & _fits16(d[2] + d[6])
-            & _fits16(d[7] + d[1]) & _fits16(d[5] + d[3]) & _fits16(d[7] + d[3])
-            & _fits16(d[5] + d[1]) & _fits16(d[7] + d[3] + d[5] + d[1]))
-
-
 class Idct(wiring.Component):
     """Dequantiser and 8x8 ISLOW IDCT: coefficient beats in, rows of samples out.
 
@@ -387,10 +391,11 @@ class Idct(wiring.Component):
         inputs_ok = []
         for p, unit in enumerate(pass1):
             x = [Mux(r1.mask[8 * p + r], mem_r[r, p].data, 0) for r in range(8)]
-            inputs_ok.append(Cat(*(_fits16(v) for v in x)).all() & _simd_sums_fit(x))
+            inputs_ok.append(Cat(*(_fits16(v) for v in x)).all())
             m.d.comb += [unit.en.eq(en1), unit.i_valid.eq(r1.valid)]
             m.d.comb += [unit.i[r].eq(x[r]) for r in range(8)]
-        p1 = self._delay(m, Cat(r1.group, r1.tag.as_value(), Cat(*inputs_ok).all()), en1, "p1")
+        p1 = self._delay(m, Cat(r1.group, r1.tag.as_value(), Cat(*inputs_ok).all()), en1, "p1",
+                         Cat(*(unit.sums_fit for unit in pass1)).all())
         gw = len(r1.group)
         p1_group, p1_tag, p1_ok = p1[0:gw], _Tag(p1[gw:gw + _Tag.size]), p1[-1]
         checks = [p1_ok]
@@ -419,14 +424,13 @@ class Idct(wiring.Component):
         m.d.comb += en2.eq(~e2_valid | self.o.ready)
         group = Signal(range(beats))
         m.d.comb += tb.o.ready.eq(en2)
-        sums_ok = []
         for q, unit in enumerate(pass2):
             m.d.comb += [unit.en.eq(en2), unit.i_valid.eq(tb.o.valid)]
             m.d.comb += [unit.i[c].eq(tb.o.payload.data[q][c]) for c in range(8)]
-            sums_ok.append(_simd_sums_fit([tb.o.payload.data[q][c] for c in range(8)]))
         with m.If(tb.o.valid & en2):
             m.d.sync += group.eq(group + 1 if beats > 1 else 0)
-        p2 = self._delay(m, Cat(group, tb.o.payload.tag.as_value(), Cat(*sums_ok).all()), en2, "p2")
+        p2 = self._delay(m, Cat(group, tb.o.payload.tag.as_value(), Const(1, 1)), en2, "p2",
+                         Cat(*(unit.sums_fit for unit in pass2)).all())
         p2_group, p2_tag, p2_ok = p2[0:gw], _Tag(p2[gw:gw + _Tag.size]), p2[-1]
         checks = [p2_ok, p2_tag.ok]
         for q, unit in enumerate(pass2):
@@ -455,9 +459,13 @@ class Idct(wiring.Component):
         return m
 
     @staticmethod
-    def _delay(m, value, en, name):
-        """``value`` delayed by :data:`LATENCY` enabled clocks (side data of a pass)."""
+    def _delay(m, value, en, name, sums_fit):
+        """``value`` delayed by :data:`LATENCY` enabled clocks (side data of a pass), its
+        top bit (the block's checks) ANDed on the way with the pass's ``sums_fit``, which
+        belongs to the same input vector after :data:`SUMS_FIT_DELAY` clocks."""
         for n in range(LATENCY):
+            if n == SUMS_FIT_DELAY:
+                value = Cat(value[:-1], value[-1] & sums_fit)
             r = Signal(len(value), name=f"{name}_d{n}")
             with m.If(en):
                 m.d.sync += r.eq(value)

@@ -18,7 +18,7 @@ row itself at the plane's top and bottom edges). Per beat:
   ``h2v2_upsample``).
 """
 
-from amaranth import Array, Module, Mux, Signal
+from amaranth import Module, Mux, Signal
 from amaranth.lib import data, stream, wiring
 from amaranth.lib.wiring import In, Out
 
@@ -71,8 +71,12 @@ class RowUpsampler(wiring.Component):
         held_valid = Signal()
         left = Signal(11)            # c of the sample before the held beat
 
+        def times3(x):
+            # Shift-add: synthesis maps a constant product to a DSP, a slow path on ECP5.
+            return (x << 1) + x
+
         def sums(b):
-            return [Mux(b.v2, 3 * b.p[k] + b.q[k], b.p[k]) for k in range(n_px)]
+            return [Mux(b.v2, times3(b.p[k]) + b.q[k], b.p[k]) for k in range(n_px)]
 
         out = Signal(row_out(n_px))
         out_valid = Signal()
@@ -83,28 +87,33 @@ class RowUpsampler(wiring.Component):
                      self.o.payload.eq(out)]
         with m.If(self.o.ready):
             m.d.sync += out_valid.eq(0)
+        # The held beat's column sums are registered with it, so the output's arithmetic
+        # starts from registers (one add fewer on the path to ``out``).
+        c_in = sums(beat)
+        held_c = Signal(data.ArrayLayout(11, n_px))
         with m.If(self.i.valid & self.i.ready):
-            m.d.sync += [held.eq(beat), held_valid.eq(1)]
+            m.d.sync += [held.eq(beat), held_valid.eq(1), *(held_c[k].eq(c_in[k]) for k in range(n_px))]
         with m.Elif(emit):
             m.d.sync += held_valid.eq(0)
 
-        c = sums(held)
-        c_in = sums(beat)
+        c = [held_c[k] for k in range(n_px)]
         count = held.n
         lefts = [Mux(held.first, c[0], left)] + c[:-1]
         rights = []
         for k in range(n_px):
             after = c_in[0] if k == n_px - 1 else c[k + 1]
             rights.append(Mux(held.last & (k + 1 >= count), c[k], after))
-        shift = Mux(held.v2, 4, 2)
         k_even = Mux(held.v2, 8, 1)
         k_odd = Mux(held.v2, 7, 2)
         with m.If(emit):
             m.d.sync += [out_valid.eq(1), out.first.eq(held.first), out.last.eq(held.last),
                          out.n.eq(Mux(held.h2, 2 * count, count)), left.eq(c[-1])]
             for k in range(n_px):
-                even = (3 * c[k] + lefts[k] + k_even) >> shift
-                odd = (3 * c[k] + rights[k] + k_odd) >> shift
+                even_sum = times3(c[k]) + lefts[k] + k_even
+                odd_sum = times3(c[k]) + rights[k] + k_odd
+                # Two fixed shifts and a select, not a barrel shifter.
+                even = Mux(held.v2, even_sum[4:12], even_sum[2:10])
+                odd = Mux(held.v2, odd_sum[4:12], odd_sum[2:10])
                 vertical = (c[k] + Mux(held.odd, 2, 1)) >> 2
                 with m.If(held.h2 & held.narrow):
                     m.d.sync += [out.samples[2 * k].eq(held.p[k]), out.samples[2 * k + 1].eq(held.p[k])]

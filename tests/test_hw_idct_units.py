@@ -10,17 +10,21 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from dlbooster import model
-from dlbooster.hw.idct import LATENCY, Idct, IdctPass, TransposeBuffer, block_beats, quant_writes
+from dlbooster.hw.idct import (LATENCY, SUMS_FIT_DELAY, Idct, IdctPass, TransposeBuffer, block_beats,
+                                quant_writes)
 from reference_impl import _one_pass as idct_1d
 
 
-def _run(vectors, enables):
-    """Feed vectors (holding each while ``en`` is low) and collect the outputs."""
+def _run(vectors, enables, fits=None):
+    """Feed vectors (holding each while ``en`` is low) and collect the outputs; with a
+    ``fits`` list, also append ``sums_fit`` as seen :data:`SUMS_FIT_DELAY` enabled clocks
+    after each vector went in."""
     dut = IdctPass(width=32)
     got = []
 
     async def bench(ctx):
         pending = list(vectors)
+        fed = []                      # per enabled clock: the index of the vector taken, or None
         for en in enables:
             ctx.set(dut.en, en)
             if pending:
@@ -31,9 +35,13 @@ def _run(vectors, enables):
                 ctx.set(dut.i_valid, 0)
             if en and ctx.get(dut.o_valid):
                 got.append([ctx.get(dut.o[n]) for n in range(8)])
+            if en and fits is not None and len(fed) >= SUMS_FIT_DELAY and fed[-SUMS_FIT_DELAY] is not None:
+                fits.append(ctx.get(dut.sums_fit))
             await ctx.tick()
-            if en and pending:
-                pending.pop(0)
+            if en:
+                fed.append(len(vectors) - len(pending) if pending else None)
+                if pending:
+                    pending.pop(0)
 
     sim = Simulator(dut)
     sim.add_clock(1e-8)
@@ -55,6 +63,30 @@ def test_pass_is_exact_with_back_pressure(vectors, seed):
     enables += [True] * (len(vectors) + LATENCY + 1)  # let everything drain
     got = _run(vectors, enables)
     assert got == [idct_1d(v) for v in vectors]
+
+
+near16 = st.integers(-40000, 40000)
+
+
+@settings(max_examples=20, deadline=None)
+@given(vectors=st.lists(st.lists(near16 | small, min_size=8, max_size=8), min_size=1, max_size=12),
+       seed=st.integers(0, 1000))
+def test_sums_fit_follows_its_vector(vectors, seed):
+    """``sums_fit`` is the model's pairwise 16-bit condition for the vector that went in
+    SUMS_FIT_DELAY enabled clocks before, through back-pressure gaps."""
+    rng = random.Random(seed)
+    enables = [rng.random() < 0.7 for _ in range(4 * len(vectors) + 4 * LATENCY)]
+    enables += [True] * (len(vectors) + LATENCY + 1)
+    fits = []
+    _run(vectors, enables, fits)
+
+    def fit(x):
+        return -32768 <= x <= 32767
+
+    expect = [int(all(fit(s) for s in (d[0] + d[4], d[0] - d[4], d[2] + d[6], d[7] + d[1], d[5] + d[3],
+                                           d[7] + d[3], d[5] + d[1], d[7] + d[3] + d[5] + d[1])))
+              for d in vectors]
+    assert fits == expect
 
 
 def test_latency_is_the_documented_one():
