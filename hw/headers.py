@@ -108,8 +108,8 @@ class HeaderParser(wiring.Component):
         m = Module()
 
         # Byte source: the held input beat and the index of its next byte. The beat's data
-        # shifts down a byte per byte taken, so the next byte is always its low byte (no
-        # byte-select multiplexer in front of the parser's decisions).
+        # shifts down a byte per byte taken, so while bytes remain the next one is its low
+        # byte (no byte-select multiplexer in front of the parser's decisions).
         held = Signal(InputBeat)
         held_valid = Signal()
         pos = Signal(3)

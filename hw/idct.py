@@ -46,12 +46,10 @@ class IdctPass(wiring.Component):
         o: 8 signed outputs ``o0..o7`` before descaling (``out_width`` bits), valid
             with ``o_valid`` :data:`LATENCY` enabled clocks after the input.
         en: advance the pipeline this clock (back-pressure holds every stage).
-        sums_fit: the pairwise sums of the input of :data:`SUMS_FIT_DELAY` enabled clocks
-            ago (``d0 + d4``, ``d0 - d4``, ``d2 + d6``, ``d7 + d1``, ``d5 + d3``,
-            ``d7 + d3``, ``d5 + d1`` and ``d7 + d3 + d5 + d1``) all fit 16 bits: the
-            condition of libjpeg-turbo's 16-bit SIMD lanes (the model's ``_simd_safe``),
-            taken from the pipeline's own registered sums rather than from adders of
-            its own on the input.
+        sums_fit: the sums a 16-bit SIMD IDCT forms from the input of
+            :data:`SUMS_FIT_DELAY` enabled clocks ago (``d0 +- d4``, ``d2 + d6``,
+            ``d7 + d1``, ``d5 + d3``, ``d7 + d3``, ``d5 + d1``, ``d7 + d3 + d5 + d1``)
+            all fit 16 bits: the sum part of the model's ``_simd_safe``.
     """
 
     def __init__(self, width: int = 32, out_width: int | None = None):
@@ -461,8 +459,8 @@ class Idct(wiring.Component):
     @staticmethod
     def _delay(m, value, en, name, sums_fit):
         """``value`` delayed by :data:`LATENCY` enabled clocks (side data of a pass), its
-        top bit (the block's checks) ANDed on the way with the pass's ``sums_fit``, which
-        belongs to the same input vector after :data:`SUMS_FIT_DELAY` clocks."""
+        top bit (the vector's checks) ANDed on the way with the pass's ``sums_fit``, which
+        belongs to the same vector after :data:`SUMS_FIT_DELAY` enabled clocks."""
         for n in range(LATENCY):
             if n == SUMS_FIT_DELAY:
                 value = Cat(value[:-1], value[-1] & sums_fit)

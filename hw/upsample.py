@@ -88,7 +88,8 @@ class RowUpsampler(wiring.Component):
         with m.If(self.o.ready):
             m.d.sync += out_valid.eq(0)
         # The held beat's column sums are registered with it, so the output's arithmetic
-        # starts from registers (one add fewer on the path to ``out``).
+        # starts from registers; only the last sample's right neighbour (the next beat's
+        # first column sum) still comes from the input.
         c_in = sums(beat)
         held_c = Signal(data.ArrayLayout(11, n_px))
         with m.If(self.i.valid & self.i.ready):
