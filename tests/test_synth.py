@@ -84,6 +84,15 @@ def test_fmax_of_a_counter_on_ecp5():
 
 @needs_yosys
 @needs_nextpnr
+def test_fmax_reports_a_yosys_failure_instead_of_raising():
+    # A top module that does not exist makes synth_ecp5 fail.
+    result = fmax_ecp5(component_rtlil(Counter(), "counter"), "no_such_top")
+    assert result["fmax_mhz"] is None and result["cells"] == {}
+    assert result["error"].startswith("yosys: ERROR") and "no_such_top" in result["error"]
+
+
+@needs_yosys
+@needs_nextpnr
 def test_cli_synthesises_the_colour_converter(tmp_path, capsys):
     out = tmp_path / "synth.json"
     assert main(["synth", "--cores", "colour", "--quiet", "--json", str(out)]) == 0
