@@ -2,9 +2,11 @@
 
 A measured iteration is what :func:`dlbooster.predict.workload` records: forward,
 cross-entropy, backward and an SGD step (momentum 0.9, weight decay 1e-4) of a randomly
-initialised torchvision model on a fixed random batch. With one process it uses every
-core; with ``procs`` processes (gloo, ``DistributedDataParallel``, as ``torchrun`` would
-start them on this machine) each uses ``cores / procs`` threads. Reported per
+initialised torchvision model on a fixed random batch. By default one process uses every
+core and ``procs`` processes (gloo, ``DistributedDataParallel``, as ``torchrun`` would
+start them on this machine) use ``cores / procs`` threads each; :func:`validate` measures
+with the thread count each profile was calibrated with, so that both sides of the
+comparison ran the same way. Reported per
 configuration: the median of ``iterations`` timed iterations after ``warmup`` untimed
 ones (rank 0's clock; DDP's all-reduce keeps the ranks in step), the prediction from the
 calibrated profile for that process count, and the absolute percentage error.
@@ -60,17 +62,18 @@ def _worker(rank, procs, port, queue, threads, model, batch_size, image_size, it
 
 
 def measure_iteration(model: str, batch_size: int, *, image_size: int = 128, procs: int = 1,
-                      iterations: int = 5, warmup: int = 2) -> float:
-    """Median seconds of one training iteration (see the module docstring)."""
+                      threads: int | None = None, iterations: int = 5, warmup: int = 2) -> float:
+    """Median seconds of one training iteration (see the module docstring), with
+    ``threads`` intra-op threads per process (default: cores / procs)."""
     import torch
 
-    cores = os.cpu_count() or 1
+    threads = threads or max(1, (os.cpu_count() or 1) // procs)
     if procs == 1:
-        torch.set_num_threads(cores)
+        torch.set_num_threads(threads)
         torch.manual_seed(0)
         return statistics.median(_time_steps(build_model(model), batch_size, image_size,
                                              iterations, warmup))
-    return statistics.median(run_ranks(_worker, procs, max(1, cores // procs), model, batch_size, image_size,
+    return statistics.median(run_ranks(_worker, procs, threads, model, batch_size, image_size,
                                        iterations, warmup))
 
 
@@ -105,7 +108,8 @@ def validate(models, batch_sizes, *, procs=(1, 2), image_size: int = 128, iterat
     for _ in range(rounds):
         for row in rows:
             row["rounds_s"].append(measure_iteration(row["model"], row["batch_size"], image_size=image_size,
-                                                     procs=row["procs"], iterations=iterations, warmup=warmup))
+                                                     procs=row["procs"], threads=profiles[row["procs"]].threads,
+                                                     iterations=iterations, warmup=warmup))
             row["measured_s"] = statistics.median(row["rounds_s"])
             row["error_pct"] = 100 * abs(row["predicted_s"] - row["measured_s"]) / row["measured_s"]
             if progress:
