@@ -24,6 +24,8 @@ Status codes (:class:`Status`) equal the reference model's entropy-stage codes.
 from __future__ import annotations
 
 import enum
+import operator
+from functools import reduce
 
 from amaranth import Array, Cat, Const, Module, Mux, Signal, signed
 from amaranth.lib import data, stream, wiring
@@ -365,23 +367,28 @@ class HuffmanTables(wiring.Component):
         # Lookup.
         ge = Signal(16)
         for l, (_, port) in enumerate(limits):
-            m.d.comb += [port.addr.eq(self.select), ge[l].eq(self.window >= port.data[:17])]
+            # A limit of length l + 1 is a code shifted left by 15 - l: its low bits are
+            # zero, so only the window's first l + 1 bits take part in the compare.
+            m.d.comb += [port.addr.eq(self.select),
+                         ge[l].eq(self.window[15 - l:] >= port.data[15 - l:17])]
+        # The code length is the first l whose limit the window is below. One-hot, so that
+        # length and symbol index are AND-OR trees rather than a 16-deep priority chain.
+        first = Signal(16)
+        m.d.comb += [first[l].eq(~ge[l] & (ge[:l].all() if l else 1)) for l in range(16)]
         length = Signal(5)
-        m.d.comb += length.eq(17)
-        for l in reversed(range(16)):
-            with m.If(~ge[l]):
-                m.d.comb += length.eq(l + 1)
         index = Signal(8)
-        with m.Switch(length):
-            for l, (_, port) in enumerate(limits):
-                with m.Case(l + 1):
-                    m.d.comb += index.eq(self.window[15 - l:] + port.data[17:])
+        m.d.comb += [
+            length.eq(Mux(ge.all(), 17, 0)
+                      | reduce(operator.or_, (Mux(first[l], l + 1, 0) for l in range(16)))),
+            index.eq(reduce(operator.or_, (Mux(first[l], (self.window[15 - l:] + port.data[17:])[:8], 0)
+                                          for l, (_, port) in enumerate(limits)))),
+        ]
         m.d.comb += [rd.addr.eq(index) for _, rd in tables]
         m.d.comb += [rd.addr.eq(self.window[8:]) for _, rd in lookahead]
         entry = Signal(17)
         m.d.comb += [
             entry.eq(Array([rd.data for _, rd in lookahead])[self.select]),
-            self.fast.eq(self.window < limits[7][1].data[:17]),
+            self.fast.eq(~ge[7]),
             self.fast_length.eq(entry[:4]),
             self.fast_total.eq(entry[4:9]),
             self.fast_symbol.eq(entry[9:]),
@@ -476,7 +483,9 @@ class EntropyDecoder(wiring.Component):
         # Codes of up to 8 bits come from the lookahead table in the same clock; a
         # longer code is looked up by the comparators and registered first ("slow"),
         # then consumed in the next clock, so the comparators stay off the loop.
-        slow = Signal(data.StructLayout({"valid": 1, "ok": 1, "length": 5, "symbol": 8, "need": 6}))
+        # A long code's total (code + extra bits) is added from the registered length and
+        # symbol, in parallel with the lookahead read, not after the symbol memory.
+        slow = Signal(data.StructLayout({"valid": 1, "ok": 1, "length": 5, "symbol": 8}))
         fast = hf.fast
         length = Signal(5)
         sym = Signal(8)
@@ -484,7 +493,7 @@ class EntropyDecoder(wiring.Component):
         m.d.comb += [
             length.eq(Mux(fast, hf.fast_length, slow.length)),
             sym.eq(Mux(fast, hf.fast_symbol, slow.symbol)),
-            need.eq(Mux(fast, hf.fast_total, slow.need)),
+            need.eq(Mux(fast, hf.fast_total, slow.length + slow.symbol[:4])),
         ]
         size = sym[:4]
         run = Mux(is_dc, 0, sym[4:])
@@ -528,13 +537,15 @@ class EntropyDecoder(wiring.Component):
 
         # Bit buffer refill: all four offered bytes fit when cnt <= 32 (deciding on the
         # pre-consumption count keeps the lookup off the path to the input's ready).
+        # They are placed behind the buffer's cnt valid bits (bits below are zero), and the
+        # whole buffer then shifts by the consumed bits: the same as shifting the refill
+        # by cnt - consumed, but the only shift after the lookup is the one by ``need``
+        # (the refill's shift by ``cnt`` starts from a register).
         decode = Signal()            # a symbol is consumed this clock
         consumed = Signal(6)
-        cnt_after = Signal(7)
-        m.d.comb += cnt_after.eq(cnt - consumed)
         take = Signal()
         refill = Signal(64)
-        m.d.comb += refill.eq(Cat(Const(0, 32), us.offer_data) >> cnt_after)
+        m.d.comb += refill.eq(Cat(Const(0, 32), us.offer_data) >> cnt)
 
         # Block/MCU bookkeeping on a block's end.
         block_done = Signal()
@@ -583,7 +594,7 @@ class EntropyDecoder(wiring.Component):
                     m.d.sync += slow.valid.eq(0)
                 with m.Elif(~hf.filling & ~fast & ~slow.valid & ((cnt >= 16) | stopped)):
                     m.d.sync += [slow.valid.eq(1), slow.ok.eq(hf.valid), slow.length.eq(hf.length),
-                                 slow.symbol.eq(hf.symbol), slow.need.eq(hf.length + hf.symbol[:4])]
+                                 slow.symbol.eq(hf.symbol)]
                 with m.If(decode & (fault == 0)):
                     m.d.sync += [
                         symbols.eq(symbols + 1),
@@ -644,9 +655,12 @@ class EntropyDecoder(wiring.Component):
                 # is drained anyway), so the symbol lookup stays off the unstuffer's path.
                 with m.If((cnt <= 32) & (us.offer_n != 0)):
                     m.d.comb += [take.eq(1), us.take.eq(1)]
+                # Shifted by ``need`` whether or not the symbol is consumed, so that the
+                # shifter works while the bits-available compare decides.
+                merged = buf | Mux(take, refill, 0)
                 m.d.sync += [
-                    buf.eq(Mux(decode, buf << need, buf) | Mux(take, refill, 0)),
-                    cnt.eq(cnt_after + Mux(take, us.offer_n * 8, 0)),
+                    buf.eq(Mux(decode, merged << need, merged)),
+                    cnt.eq(cnt - consumed + Mux(take, us.offer_n * 8, 0)),
                 ]
             with m.State("RESTART"):
                 # T.81 F.2.2.5 / jdhuff.c process_restart: drop buffered bits, skip to

@@ -307,9 +307,14 @@ class Idct(wiring.Component):
         beats = 8 // lanes
         lb = lanes.bit_length() - 1           # log2(lanes)
         acc1, acc2, acc3 = Signal(), Signal(), Signal()   # a block's checks so far, per stage
-        m.submodules.qmem = qmem = Memory(shape=16, depth=256, init=[])
+        # Read asynchronously from LUT RAM and registered in s1 beside the beat: the
+        # dequantiser's multiplier then starts from flip-flops, not from a block RAM's
+        # clock-to-out, at the same latency. ``ram_style`` keeps Yosys from folding that
+        # register back into a block RAM's read port.
+        m.submodules.qmem = qmem = Memory(shape=16, depth=256, init=[],
+                                          attrs={"ram_style": "distributed"})
         qw = qmem.write_port()
-        qr = qmem.read_port(transparent_for=())
+        qr = qmem.read_port(domain="comb")
         m.d.comb += [
             self.quant.ready.eq(1),
             qw.en.eq(self.quant.valid),
@@ -336,12 +341,12 @@ class Idct(wiring.Component):
         fire = self.coef.valid & self.coef.ready
         m.d.comb += [self.coef.ready.eq(~full[wb]), qr.addr.eq(Cat(beat.index, beat.comp))]
         bank_shape = range(nbanks)
-        s1 = Signal(data.StructLayout({"valid": 1, "bank": bank_shape, "beat": CoefBeat}))
+        s1 = Signal(data.StructLayout({"valid": 1, "bank": bank_shape, "beat": CoefBeat, "q": 16}))
         s2 = Signal(data.StructLayout({"valid": 1, "bank": bank_shape, "beat": CoefBeat,
                                        "value": signed(32)}))
-        m.d.sync += [s1.valid.eq(fire), s1.bank.eq(wb), s1.beat.eq(beat),
+        m.d.sync += [s1.valid.eq(fire), s1.bank.eq(wb), s1.beat.eq(beat), s1.q.eq(qr.data),
                      s2.valid.eq(s1.valid), s2.bank.eq(s1.bank), s2.beat.eq(s1.beat),
-                     s2.value.eq(s1.beat.value * qr.data)]
+                     s2.value.eq(s1.beat.value * s1.q)]
         with m.If(fire & beat.last):
             m.d.sync += wb.eq(wb + 1)
         b2 = s2.beat

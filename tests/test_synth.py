@@ -91,6 +91,35 @@ def test_fmax_reports_a_yosys_failure_instead_of_raising():
     assert result["error"].startswith("yosys: ERROR") and "no_such_top" in result["error"]
 
 
+class Table(wiring.Component):
+    """A 256 x 16 table read asynchronously into a register, as the IDCT's quantiser
+    table is; ``style`` is the memory's ``ram_style``."""
+
+    def __init__(self, style):
+        self.style = style
+        super().__init__({"addr": In(8), "wdata": In(16), "we": In(1), "q": Out(16)})
+
+    def elaborate(self, platform):
+        m = Module()
+        m.submodules.table = mem = Memory(shape=16, depth=256, init=[],
+                                          attrs={"ram_style": self.style} if self.style else None)
+        w, r = mem.write_port(), mem.read_port(domain="comb")
+        m.d.comb += [w.addr.eq(self.addr), w.data.eq(self.wdata), w.en.eq(self.we), r.addr.eq(self.addr)]
+        m.d.sync += self.q.eq(r.data)
+        return m
+
+
+@needs_yosys
+@needs_nextpnr
+def test_fmax_keeps_a_memorys_ram_style_through_the_verilog_round_trip():
+    # Unmarked, Yosys folds the register into a block RAM read port; marked
+    # "distributed", the table stays in LUT RAM (64 DPR16X4 of 16 x 4 bits).
+    block = fmax_ecp5(component_rtlil(Table(None), "table"), "table")
+    lut = fmax_ecp5(component_rtlil(Table("distributed"), "table"), "table")
+    assert block["cells"].get("DP16KD") == 1 and "TRELLIS_DPR16X4" not in block["cells"]
+    assert lut["cells"].get("TRELLIS_DPR16X4") == 64 and "DP16KD" not in lut["cells"]
+
+
 @needs_yosys
 @needs_nextpnr
 def test_cli_synthesises_the_colour_converter(tmp_path, capsys):
