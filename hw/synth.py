@@ -125,7 +125,9 @@ _READ = "read_rtlil top.il; delete t:$scopeinfo"
 # Yosys 0.70's ECP5 ABC9 mapping trips an assertion (ABC_OPS_REINTEGRATE) on Amaranth's
 # RTLIL read directly; the same design through a Verilog round trip maps cleanly.
 _READ_ECP5 = f"{_READ}; proc; write_verilog -noattr top.v; design -reset; read_verilog top.v"
-_RAM_STYLE = re.compile(r'^module \\(\S+)|^  attribute \\ram_style "(\w+)"\n  memory [^\n]* \\(\S+)$', re.M)
+_RAM_STYLE = re.compile(r'^module \\(\S+)'
+                        r'|^  attribute \\ram_style "(\w+)"\n(?:  attribute [^\n]*\n)*  memory [^\n]* \\(\S+)$',
+                        re.M)
 
 
 def _read_ecp5(rtlil_text: str) -> str:
