@@ -123,24 +123,11 @@ def _yosys(script: str, workdir: Path) -> str:
 # Amaranth's $scopeinfo cells carry hierarchy names, no logic.
 _READ = "read_rtlil top.il; delete t:$scopeinfo"
 # Yosys 0.70's ECP5 ABC9 mapping trips an assertion (ABC_OPS_REINTEGRATE) on Amaranth's
-# RTLIL read directly; the same design through a Verilog round trip maps cleanly.
-_READ_ECP5 = f"{_READ}; proc; write_verilog -noattr top.v; design -reset; read_verilog top.v"
-_RAM_STYLE = re.compile(r'^module \\(\S+)'
-                        r'|^  attribute \\ram_style "(\w+)"\n(?:  attribute [^\n]*\n)*  memory [^\n]* \\(\S+)$',
-                        re.M)
+# RTLIL read directly; the same design through a Verilog round trip maps cleanly. The
+# round trip keeps every attribute but the source locations, so a memory's ``ram_style``
+# still decides LUT RAM or block RAM.
+_READ_ECP5 = f"{_READ}; proc; attrmap -remove src; write_verilog top.v; design -reset; read_verilog top.v"
 
-
-def _read_ecp5(rtlil_text: str) -> str:
-    """The ECP5 flow's read commands: :data:`_READ_ECP5`, then the ``ram_style`` of each
-    memory that has one set again (the round trip drops attributes; a memory read into a
-    register would otherwise become a block RAM read port)."""
-    commands, module = [_READ_ECP5], None
-    for match in _RAM_STYLE.finditer(rtlil_text):
-        if match[1]:
-            module = match[1]
-        else:
-            commands.append(f'setattr -set ram_style "{match[2]}" {module}/{match[3]}')
-    return "; ".join(commands)
 
 #: Xilinx primitive -> (resource, amount). An inverter is a LUT1 after Vivado's mapping;
 #: LUT RAM and shift registers count as the LUTs they occupy (UG474 / UG574 slice
@@ -237,7 +224,7 @@ def fmax_ecp5(rtlil_text: str, name: str, target_mhz: float = 125.0, seed: int =
     with tempfile.TemporaryDirectory(prefix="dlb-pnr-") as tmp:
         work = Path(tmp)
         try:
-            cells = _synthesise(rtlil_text, f"{_read_ecp5(rtlil_text)}; synth_ecp5 -top {name} -json top.json", work)
+            cells = _synthesise(rtlil_text, f"{_READ_ECP5}; synth_ecp5 -top {name} -json top.json", work)
         except RuntimeError as exc:
             return {"fmax_mhz": None, "target_mhz": target_mhz, "cells": {},
                     "error": "yosys: " + _last_error(str(exc)),
