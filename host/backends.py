@@ -40,6 +40,7 @@ __all__ = [
     "decode_result",
     "decode_results",
     "get_backend",
+    "read_input",
 ]
 
 log = logging.getLogger("dlbooster")
@@ -384,11 +385,18 @@ class DecodeResult:
             "width": self.width,
             "height": self.height,
             "sha256": self.sha256,
+            "detail": self.detail or None,
             **self.extra,
         }
 
 
-def _read(source: str | os.PathLike | bytes | bytearray | memoryview) -> tuple[bytes, str]:
+def read_input(source: str | os.PathLike | bytes | bytearray | memoryview) -> tuple[bytes, str]:
+    """An input's bytes and its name (the path, or ``<bytes>``).
+
+    Raises:
+        DecodeError: ``unreadable``: missing, not a regular file (a FIFO would block,
+            ``/dev/zero`` would fill memory), or the read failed.
+    """
     if isinstance(source, (bytes, bytearray, memoryview)):
         return bytes(source), "<bytes>"
     path = os.fspath(source)
@@ -408,7 +416,9 @@ def _fallback(name: str, data: bytes, info, declined: FallbackError, cpu, extra:
     try:
         image = fallback.decode(data, info)
     except DecodeError as exc:
-        return DecodeResult(name, "error", None, exc.reason, exc.detail, extra=extra)
+        # The backend's own reason stays on record beside the CPU path's.
+        return DecodeResult(name, "error", None, exc.reason, exc.detail,
+                            extra={**extra, "declined": declined.reason})
     return DecodeResult(name, "fallback", fallback.name, declined.reason, declined.detail, image, extra)
 
 
@@ -428,7 +438,7 @@ def decode_result(source, backend="auto", *, cpu: CpuBackend | None = None) -> D
     if hasattr(backend, "decode_many"):
         return decode_results([source], backend, cpu=cpu)[0]
     try:
-        data, name = _read(source)
+        data, name = read_input(source)
     except DecodeError as exc:
         return DecodeResult(exc.source, "error", None, exc.reason, exc.detail)
     info = jpeg.parse(data)
@@ -459,7 +469,7 @@ def decode_results(sources, backend="auto", *, cpu: CpuBackend | None = None) ->
     readable = []
     for i, source in enumerate(sources):
         try:
-            data, name = _read(source)
+            data, name = read_input(source)
         except DecodeError as exc:
             results[i] = DecodeResult(exc.source, "error", None, exc.reason, exc.detail)
             continue

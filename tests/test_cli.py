@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import io
 import json
+import os
 import subprocess
 import sys
 
@@ -109,8 +110,68 @@ def test_missing_file_is_an_error_naming_it(tmp_path, capsys):
     assert (record["status"], record["reason"]) == ("error", "unreadable")
 
 
+def test_verify_reads_inputs_as_the_decode_does(folder, tmp_path, capsys):
+    # A FIFO would block a plain open() and /dev/zero would fill memory: both must be
+    # reported as unreadable, with --verify as without. In a child with a time limit, so
+    # that a regression fails instead of hanging the suite.
+    odd = tmp_path / "odd"
+    odd.mkdir()
+    os.mkfifo(odd / "pipe.jpg")
+    (odd / "zero.jpg").symlink_to("/dev/zero")
+    done = subprocess.run([sys.executable, "-m", "dlbooster.cli", "decode", "--backend", "cpu", "--verify",
+                           "--json", str(odd), str(folder / "a.jpg")], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 1, done.stderr
+    records = {os.path.basename(r["path"]): r for r in json.loads(done.stdout)["results"]}
+    for name in ("pipe.jpg", "zero.jpg"):
+        assert (records[name]["status"], records[name]["reason"]) == ("error", "unreadable")
+        assert records[name]["detail"] == "not a regular file" and records[name]["matches_pillow"]
+    assert records["a.jpg"]["status"] == "ok" and records["a.jpg"]["matches_pillow"]
+
+
+def test_error_records_carry_their_detail_and_the_declining_reason(folder, tmp_path, capsys):
+    progressive = (folder / "b_progressive.jpg").read_bytes()
+    (tmp_path / "cut.jpg").write_bytes(progressive[: len(progressive) // 2])
+    assert main(["decode", "--backend", "model", "--json", str(tmp_path / "cut.jpg"),
+                 str(folder / "zz_junk.jpg")]) == 1
+    cut, junk = json.loads(capsys.readouterr().out)["results"]
+    # The model declines the progressive file; then Pillow fails on the truncation.
+    assert (cut["status"], cut["declined"]) == ("error", "progressive")
+    assert cut["detail"] and junk["detail"]
+    assert main(["decode", "--backend", "model", str(folder / "zz_junk.jpg")]) == 1
+    line = capsys.readouterr().out.splitlines()[0]
+    assert line.startswith("error") and line.endswith(f"zz_junk.jpg: {junk['detail']}")
+
+
+def test_a_png_that_cannot_be_written_fails_that_sample_only(tmp_path, capsys):
+    src = tmp_path / "src"
+    (src / "x.jpg.png").mkdir(parents=True)
+    Image.new("RGB", (8, 8), (9, 0, 0)).save(src / "x.jpg")
+    Image.new("RGB", (16, 16), (0, 9, 0)).save(src / "x.jpg.png" / "y.jpg")
+    out = tmp_path / "out"
+    assert main(["decode", "--backend", "cpu", "--json", "--out", str(out), str(src)]) == 1
+    report = json.loads(capsys.readouterr().out)
+    x, y = report["results"]
+    assert x["status"] == y["status"] == "ok"
+    assert x["png"] == str(out / "x.jpg.png") and _pillow(out / "x.jpg.png").shape == (8, 8, 3)
+    # y's PNG would go inside x's PNG file.
+    assert "png" not in y and y["png_error"].startswith(("NotADirectoryError", "FileExistsError"))
+    assert report["summary"]["png_not_written"] == 1
+
+
+def test_folders_linked_in_are_walked_once_and_empty_arguments_reported(folder, tmp_path, capsys):
+    (folder / "sub" / "loop").symlink_to(folder)
+    (tmp_path / "empty").mkdir()
+    assert main(["decode", "--backend", "cpu", "--json", str(folder / "sub")]) == 1   # the junk file
+    paths = [r["path"] for r in json.loads(capsys.readouterr().out)["results"]]
+    names = sorted(os.path.basename(p) for p in paths)
+    assert names == ["a.jpg", "b_progressive.jpg", "c.JPEG", "d.jpg", "zz_junk.jpg"]
+    assert main(["decode", "--backend", "cpu", str(tmp_path / "empty")]) == 1
+    assert f"no files under {tmp_path / 'empty'}" in capsys.readouterr().err
+
+
 def test_bad_usage_exits_2():
-    for argv in (["decode"], ["decode", "--backend", "nope", "x.jpg"], ["frobnicate"]):
+    for argv in (["decode"], ["decode", "--backend", "nope", "x.jpg"], ["frobnicate"],
+                 ["decode", "--backend", "sim", "--lanes", "0", "x.jpg"], ["decode", "--max-width", "-1", "x.jpg"]):
         done = subprocess.run([sys.executable, "-m", "dlbooster.cli", *argv], capture_output=True)
         assert done.returncode == 2, argv
 

@@ -133,8 +133,10 @@ def test_fmax_keeps_a_memorys_ram_style_through_the_verilog_round_trip():
 
 
 def test_cli_refuses_fewer_than_one_seed(capsys):
-    assert main(["synth", "--cores", "colour", "--seeds", "0"]) == 2
-    assert "--seeds must be at least 1" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as exit_:
+        main(["synth", "--cores", "colour", "--seeds", "0"])
+    assert exit_.value.code == 2
+    assert "--seeds: must be at least 1, not 0" in capsys.readouterr().err
 
 
 @needs_yosys
