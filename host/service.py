@@ -31,7 +31,6 @@ import contextlib
 import logging
 import os
 import queue
-import stat
 import threading
 import time
 from collections.abc import Callable
@@ -42,7 +41,7 @@ from typing import Any
 import numpy as np
 
 from . import jpeg
-from .backends import CpuBackend, get_backend
+from .backends import CpuBackend, get_backend, read_file
 from .errors import DecodeError, FallbackError
 
 __all__ = ["DecodeService", "Outcome", "ServiceStats", "Task"]
@@ -496,26 +495,7 @@ class DecodeService:
             if not data:
                 raise DecodeError("undecodable", "empty input", task.path)
             return data, None
-        try:
-            # Regular files only: /dev/zero would fill memory, a FIFO would block (and
-            # opening one would release its writer); O_NONBLOCK covers a swap after the
-            # check. Raw descriptor calls: six system calls per file where stat and a
-            # buffered open() make eleven (issue 7).
-            if not stat.S_ISREG(os.stat(task.path).st_mode):
-                raise DecodeError("unreadable", "not a regular file", task.path)
-            fd = os.open(task.path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
-            try:
-                st = os.fstat(fd)
-                if not stat.S_ISREG(st.st_mode):
-                    raise DecodeError("unreadable", "not a regular file", task.path)
-                parts = []
-                while chunk := os.read(fd, max(st.st_size, 1 << 16)):
-                    parts.append(chunk)
-            finally:
-                os.close(fd)
-            data = parts[0] if len(parts) == 1 else b"".join(parts)
-        except OSError as exc:
-            raise DecodeError("unreadable", f"{type(exc).__name__}: {exc.strerror}", task.path) from exc
+        data, st = read_file(task.path)
         if not data:
             raise DecodeError("undecodable", "empty file", task.path)
         return data, st
