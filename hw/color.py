@@ -83,10 +83,16 @@ class ColorConverter(wiring.Component):
             # Stage 2: rounding shifts to the signed offsets added to Y.
             y2 = Signal(8, name=f"y2_{p}")
             r2, g2, b2 = (Signal(signed(10), name=f"{c}2_{p}") for c in "rgb")
+            # Stages 2 and 3 load only with a beat (a bubble leaves them as they were): free
+            # on the FPGA, and the simulator skips their arithmetic. Stage 1 loads on every
+            # enabled clock: gating its registered products trips an assertion in Yosys
+            # 0.70's ECP5 ABC9 mapping.
             with m.If(en):
                 m.d.sync += [y1.eq(y), r1.eq(91881 * xr + 32768), b1.eq(116130 * xb + 32768),
-                             g1.eq(-22554 * xb + 32768 - 46802 * xr),
-                             y2.eq(y1), r2.eq(r1 >> 16), g2.eq(g1 >> 16), b2.eq(b1 >> 16)]
+                             g1.eq(-22554 * xb + 32768 - 46802 * xr)]
+            with m.If(en & valid[0]):
+                m.d.sync += [y2.eq(y1), r2.eq(r1 >> 16), g2.eq(g1 >> 16), b2.eq(b1 >> 16)]
+            with m.If(en & valid[1]):
                 for c, offset in enumerate((r2, g2, b2)):
                     s = y2 + offset
                     m.d.sync += self.o.payload.rgb[p][c].eq(Mux(s < 0, 0, Mux(s > 255, 255, s)))

@@ -20,8 +20,6 @@ __all__ = ["BlockRow", "Idct", "IdctPass", "LATENCY", "QuantWrite", "TransposeBu
 
 #: Clocks from an accepted input vector to its output vector.
 LATENCY = 6
-#: Enabled clocks from an input vector to its ``IdctPass.sums_fit``.
-SUMS_FIT_DELAY = 2
 
 # round(x * 8192) constants of jidctint.c (CONST_BITS = 13).
 _FIX = {
@@ -40,29 +38,36 @@ class IdctPass(wiring.Component):
             input; a smaller value gives the outputs modulo ``2**out_width`` (two's
             complement wraps consistently through sums and products), which is all the
             next step needs when it keeps only low bits.
+        tag_width: bits of a tag carried from ``t_i`` to ``t_o`` alongside each vector.
 
     Ports:
-        i: 8 signed inputs ``d0..d7`` (``width`` bits), valid with ``i_valid``.
+        i: 8 signed inputs ``d0..d7`` (``width`` bits), valid with ``i_valid``; ``t_i``
+            the vector's tag.
         o: 8 signed outputs ``o0..o7`` before descaling (``out_width`` bits), valid
-            with ``o_valid`` :data:`LATENCY` enabled clocks after the input.
+            with ``o_valid`` :data:`LATENCY` enabled clocks after the input; ``t_o`` its
+            tag; ``o_fit``: the sums a 16-bit SIMD IDCT forms from its input (``d0 +- d4``,
+            ``d2 + d6``, ``d7 + d1``, ``d5 + d3``, ``d7 + d3``, ``d5 + d1``,
+            ``d7 + d3 + d5 + d1``) all fit 16 bits: the sum part of the model's
+            ``_simd_safe``.
         en: advance the pipeline this clock (back-pressure holds every stage).
-        sums_fit: the sums a 16-bit SIMD IDCT forms from the input of
-            :data:`SUMS_FIT_DELAY` enabled clocks ago (``d0 +- d4``, ``d2 + d6``,
-            ``d7 + d1``, ``d5 + d3``, ``d7 + d3``, ``d5 + d1``, ``d7 + d3 + d5 + d1``)
-            all fit 16 bits: the sum part of the model's ``_simd_safe``.
+
+    A stage's registers load only when a vector moves into it: a bubble leaves them as
+    they were, so ``o``, ``t_o`` and ``o_fit`` mean something only with ``o_valid``.
     """
 
-    def __init__(self, width: int = 32, out_width: int | None = None):
+    def __init__(self, width: int = 32, out_width: int | None = None, tag_width: int = 1):
         self.width = width
         # |sum of products| < 2**(width + 18): width + 19 bits are always exact.
         self.out_width = out_width = min(out_width or width + 19, width + 19)
         super().__init__({
             "i": In(signed(width)).array(8),
             "i_valid": In(1),
+            "t_i": In(tag_width),
             "o": Out(signed(out_width)).array(8),
             "o_valid": Out(1),
+            "t_o": Out(tag_width),
+            "o_fit": Out(1),
             "en": In(1),
-            "sums_fit": Out(1),
         })
 
     def elaborate(self, platform):
@@ -71,13 +76,18 @@ class IdctPass(wiring.Component):
         d = self.i
         valid = [Signal(name=f"valid{n}") for n in range(LATENCY)]
 
-        def reg(name, expr, stage_width):
-            r = Signal(signed(stage_width), name=name)
-            with m.If(self.en):
-                m.d.sync += r.eq(expr)
-            return r
+        # Loading a stage only with a vector is free on the FPGA (clock enables) and
+        # spares the simulator the arithmetic of empty stages.
+        def stage(load):
+            def reg(name, expr, stage_width):
+                r = Signal(signed(stage_width), name=name)
+                with m.If(load):
+                    m.d.sync += r.eq(expr)
+                return r
+            return reg
 
         # Stage 1: the sums the multipliers need.
+        reg = stage(self.en & self.i_valid)
         s1 = {
             "z1e": reg("z1e", d[2] + d[6], w + 1),
             "t0e": reg("t0e", d[0] + d[4], w + 1),
@@ -88,13 +98,15 @@ class IdctPass(wiring.Component):
             "z1": reg("z1", d[7] + d[1], w + 1), "z2": reg("z2", d[5] + d[3], w + 1),
             "z3": reg("z3", d[7] + d[3], w + 1), "z4": reg("z4", d[5] + d[1], w + 1),
         }
+        reg = stage(self.en & valid[0])
         z34 = reg("z34", s1["z3"] + s1["z4"], w + 2)  # an extra stage for z5's operand
         s1b = {k: reg(f"{k}_b", v, len(v)) for k, v in s1.items()}
-        m.d.comb += self.sums_fit.eq(Cat(*(_fits16(s1b[k]) for k in ("t0e", "t1e", "z1e", "z1", "z2", "z3", "z4")),
-                                         _fits16(z34)).all())
+        fit = Cat(*(_fits16(s1b[k]) for k in ("t0e", "t1e", "z1e", "z1", "z2", "z3", "z4")),
+                  _fits16(z34)).all()
         pw = self.out_width
         # Stage 2: products (and << 13 of the DC terms).
         f = _FIX
+        reg = stage(self.en & valid[1])
         s2 = {
             "z1e": reg("m_z1e", s1b["z1e"] * f["0_541196100"], pw),
             "t2p": reg("m_d6", s1b["d6"] * f["1_847759065"], pw),
@@ -112,12 +124,14 @@ class IdctPass(wiring.Component):
             "z4": reg("m_z4", s1b["z4"] * -f["0_390180644"], pw),
         }
         # Stage 3: first adder level.
+        reg = stage(self.en & valid[2])
         t2 = reg("t2", s2["z1e"] - s2["t2p"], pw)
         t3 = reg("t3", s2["z1e"] + s2["t3p"], pw)
         z3 = reg("z3s", s2["z3"] + s2["z5"], pw)
         z4 = reg("z4s", s2["z4"] + s2["z5"], pw)
         keep = {k: reg(f"{k}_c", s2[k], pw) for k in ("t0", "t1", "a0", "a1", "a2", "a3", "z1", "z2")}
         # Stage 4: even outputs and odd sums.
+        reg = stage(self.en & valid[3])
         e10 = reg("e10", keep["t0"] + t3, pw)
         e13 = reg("e13", keep["t0"] - t3, pw)
         e11 = reg("e11", keep["t1"] + t2, pw)
@@ -129,8 +143,17 @@ class IdctPass(wiring.Component):
         # Stage 5: butterflies.
         outputs = [e10 + a3, e11 + a2, e12 + a1, e13 + a0, e13 - a0, e12 - a1, e11 - a2, e10 - a3]
         for n, expr in enumerate(outputs):
-            with m.If(self.en):
+            with m.If(self.en & valid[4]):
                 m.d.sync += self.o[n].eq(expr)
+        # The tag moves with the vector; the fit bit joins it in stage 3.
+        tag = self.t_i
+        for n in range(LATENCY):
+            side = Cat(tag, fit) if n == 2 else tag
+            r = Signal(len(side), name=f"tag{n}")
+            with m.If(self.en & ([self.i_valid] + valid)[n]):
+                m.d.sync += r.eq(side)
+            tag = r
+        m.d.comb += [self.t_o.eq(tag[:len(self.t_o)]), self.o_fit.eq(tag[-1])]
         with m.If(self.en):
             m.d.sync += valid[0].eq(self.i_valid)
             for n in range(1, LATENCY):
@@ -306,7 +329,10 @@ class Idct(wiring.Component):
         lanes, nbanks = self.lanes, self.banks
         beats = 8 // lanes
         lb = lanes.bit_length() - 1           # log2(lanes)
-        acc1, acc2, acc3 = Signal(), Signal(), Signal()   # a block's checks so far, per stage
+        # A block's checks so far, per stage: the first two live in the tags' ``ok`` (d1,
+        # e1), so each check expression has one register to load and a simulator evaluates
+        # it only when that register loads.
+        acc3 = Signal()
         # Read asynchronously from LUT RAM and registered in s1 beside the beat: the
         # dequantiser's multiplier then starts from flip-flops, not from a block RAM's
         # clock-to-out, at the same latency. ``ram_style`` keeps Yosys from folding that
@@ -344,9 +370,12 @@ class Idct(wiring.Component):
         s1 = Signal(data.StructLayout({"valid": 1, "bank": bank_shape, "beat": CoefBeat, "q": 16}))
         s2 = Signal(data.StructLayout({"valid": 1, "bank": bank_shape, "beat": CoefBeat,
                                        "value": signed(32)}))
-        m.d.sync += [s1.valid.eq(fire), s1.bank.eq(wb), s1.beat.eq(beat), s1.q.eq(qr.data),
-                     s2.valid.eq(s1.valid), s2.bank.eq(s1.bank), s2.beat.eq(s1.beat),
-                     s2.value.eq(s1.beat.value * s1.q)]
+        m.d.sync += [s1.valid.eq(fire), s2.valid.eq(s1.valid)]
+        # Data registers load with a beat only (see IdctPass).
+        with m.If(fire):
+            m.d.sync += [s1.bank.eq(wb), s1.beat.eq(beat), s1.q.eq(qr.data)]
+        with m.If(s1.valid):
+            m.d.sync += [s2.bank.eq(s1.bank), s2.beat.eq(s1.beat), s2.value.eq(s1.beat.value * s1.q)]
         with m.If(fire & beat.last):
             m.d.sync += wb.eq(wb + 1)
         b2 = s2.beat
@@ -367,7 +396,9 @@ class Idct(wiring.Component):
 
         # Column pass. Every stage from the store read to the transpose buffer input
         # moves together on en1 (held while the transpose buffer cannot take a beat).
-        pass1 = [IdctPass(width=32, out_width=40) for _ in range(lanes)]
+        # Unit 0 of each pass carries the vector's side data: group, block tag, checks.
+        side_width = (beats - 1).bit_length() + _Tag.size + 1
+        pass1 = [IdctPass(width=32, out_width=40, tag_width=side_width) for _ in range(lanes)]
         for p, unit in enumerate(pass1):
             m.submodules[f"pass1_{p}"] = unit
         m.submodules.tb = tb = TransposeBuffer(width=29, tag=_Tag, lanes=lanes)
@@ -381,10 +412,13 @@ class Idct(wiring.Component):
         issue = full[rb] & en1
         r1 = Signal(data.StructLayout({"valid": 1, "group": range(beats), "mask": 8 * lanes,
                                        "tag": _Tag}))
+        # As in IdctPass, data registers and read ports load only with a vector.
         for port in mem_r.values():
-            m.d.comb += [port.en.eq(en1), port.addr.eq(Cat(rj, rb))]
+            m.d.comb += [port.en.eq(issue), port.addr.eq(Cat(rj, rb))]
         with m.If(en1):
-            m.d.sync += [r1.valid.eq(issue), r1.group.eq(rj), r1.tag.eq(btag[rb]),
+            m.d.sync += r1.valid.eq(issue)
+        with m.If(issue):
+            m.d.sync += [r1.group.eq(rj), r1.tag.eq(btag[rb]),
                          r1.mask.eq(Cat(*(mask[rb].bit_select(r * 8 + rj * lanes + p, 1)
                                           for p in range(lanes) for r in range(8))))]
         with m.If(issue):
@@ -397,32 +431,33 @@ class Idct(wiring.Component):
             inputs_ok.append(Cat(*(_fits16(v) for v in x)).all())
             m.d.comb += [unit.en.eq(en1), unit.i_valid.eq(r1.valid)]
             m.d.comb += [unit.i[r].eq(x[r]) for r in range(8)]
-        p1 = self._delay(m, Cat(r1.group, r1.tag.as_value(), Cat(*inputs_ok).all()), en1, "p1",
-                         Cat(*(unit.sums_fit for unit in pass1)).all())
+        m.d.comb += pass1[0].t_i.eq(Cat(r1.group, r1.tag.as_value(), Cat(*inputs_ok).all()))
+        p1 = pass1[0].t_o
         gw = len(r1.group)
         p1_group, p1_tag, p1_ok = p1[0:gw], _Tag(p1[gw:gw + _Tag.size]), p1[-1]
-        checks = [p1_ok]
+        checks = [p1_ok, *(unit.o_fit for unit in pass1)]
         for p, unit in enumerate(pass1):
             w = [(unit.o[r] + (1 << 10)) >> 11 for r in range(8)]
             checks += [(unit.o[r] >= -_LIMIT) & (unit.o[r] <= _LIMIT) & _fits16(w[r]) for r in range(8)]
-            with m.If(en1):
+            with m.If(en1 & unit.o_valid):
                 m.d.sync += [d1.w[p][r].eq(w[r]) for r in range(8)]
-        group_ok = Cat(*checks).all() & ((p1_group == 0) | acc1)
+        group_ok = Cat(*checks).all() & ((p1_group == 0) | d1.tag.ok)
         with m.If(en1):
-            m.d.sync += [d1.valid.eq(pass1[0].o_valid), d1.tag.eq(p1_tag), d1.tag.ok.eq(group_ok)]
-            with m.If(pass1[0].o_valid):
-                m.d.sync += acc1.eq(group_ok)
+            m.d.sync += d1.valid.eq(pass1[0].o_valid)
+        with m.If(en1 & pass1[0].o_valid):
+            m.d.sync += [d1.tag.eq(p1_tag), d1.tag.ok.eq(group_ok)]
         m.d.comb += [tb.i.valid.eq(d1.valid), tb.i.payload.tag.eq(d1.tag),
                      tb.i.payload.data.eq(d1.w)]
 
         # Row pass, moving on en2 (held while the output beat is not taken).
-        pass2 = [IdctPass(width=29, out_width=34) for _ in range(lanes)]
+        pass2 = [IdctPass(width=29, out_width=34, tag_width=side_width) for _ in range(lanes)]
         for q, unit in enumerate(pass2):
             m.submodules[f"pass2_{q}"] = unit
         e1 = Signal(data.StructLayout({"valid": 1, "group": range(beats), "tag": _Tag,
                                        "v": data.ArrayLayout(signed(16), 8 * lanes)}))
         e2 = Signal(self.row_layout)
         e2_valid = Signal()
+        e2_ok = Signal()             # the beat's checks before the last stage
         en2 = Signal()
         m.d.comb += en2.eq(~e2_valid | self.o.ready)
         group = Signal(range(beats))
@@ -432,48 +467,33 @@ class Idct(wiring.Component):
             m.d.comb += [unit.i[c].eq(tb.o.payload.data[q][c]) for c in range(8)]
         with m.If(tb.o.valid & en2):
             m.d.sync += group.eq(group + 1 if beats > 1 else 0)
-        p2 = self._delay(m, Cat(group, tb.o.payload.tag.as_value(), Const(1, 1)), en2, "p2",
-                         Cat(*(unit.sums_fit for unit in pass2)).all())
+        m.d.comb += pass2[0].t_i.eq(Cat(group, tb.o.payload.tag.as_value(), Const(1, 1)))
+        p2 = pass2[0].t_o
         p2_group, p2_tag, p2_ok = p2[0:gw], _Tag(p2[gw:gw + _Tag.size]), p2[-1]
-        checks = [p2_ok, p2_tag.ok]
+        checks = [p2_ok, p2_tag.ok, *(unit.o_fit for unit in pass2)]
         for q, unit in enumerate(pass2):
             checks += [(unit.o[c] >= -_LIMIT) & (unit.o[c] <= _LIMIT) for c in range(8)]
-            with m.If(en2):
+            with m.If(en2 & unit.o_valid):
                 m.d.sync += [e1.v[8 * q + c].eq((unit.o[c] + (1 << 17)) >> 18) for c in range(8)]
-        rows_ok = Cat(*checks).all() & ((p2_group == 0) | acc2)
+        rows_ok = Cat(*checks).all() & ((p2_group == 0) | e1.tag.ok)
         with m.If(en2):
-            m.d.sync += [e1.valid.eq(pass2[0].o_valid), e1.group.eq(p2_group), e1.tag.eq(p2_tag),
-                         e1.tag.ok.eq(rows_ok)]
-            with m.If(pass2[0].o_valid):
-                m.d.sync += acc2.eq(rows_ok)
+            m.d.sync += e1.valid.eq(pass2[0].o_valid)
+        with m.If(en2 & pass2[0].o_valid):
+            m.d.sync += [e1.group.eq(p2_group), e1.tag.eq(p2_tag), e1.tag.ok.eq(rows_ok)]
         v_ok = (Cat(*((e1.v[n] >= -512) & (e1.v[n] <= 511) for n in range(8 * lanes))).all()
                 & ((e1.group == 0) | acc3))
         with m.If(en2):
-            m.d.sync += [e2_valid.eq(e1.valid), e2.comp.eq(e1.tag.comp), e2.bx.eq(e1.tag.bx),
+            m.d.sync += e2_valid.eq(e1.valid)
+        with m.If(en2 & e1.valid):
+            m.d.sync += [e2.comp.eq(e1.tag.comp), e2.bx.eq(e1.tag.bx),
                          e2.by.eq(e1.tag.by), e2.row.eq(e1.group * lanes),
-                         e2.last.eq(e1.group == beats - 1),
-                         e2.range_fault.eq(~(e1.tag.ok & v_ok))]
-            with m.If(e1.valid):
-                m.d.sync += acc3.eq(v_ok)
+                         e2.last.eq(e1.group == beats - 1), e2_ok.eq(e1.tag.ok), acc3.eq(v_ok)]
             for n in range(8 * lanes):
                 s = e1.v[n][0:10].as_signed() + 128
                 m.d.sync += e2.samples[n].eq(Mux(s < 0, 0, Mux(s > 255, 255, s)))
-        m.d.comb += [self.o.valid.eq(e2_valid), self.o.payload.eq(e2)]
+        m.d.comb += [self.o.valid.eq(e2_valid), self.o.payload.eq(e2),
+                     self.o.payload.range_fault.eq(~(e2_ok & acc3))]
         return m
-
-    @staticmethod
-    def _delay(m, value, en, name, sums_fit):
-        """``value`` delayed by :data:`LATENCY` enabled clocks (side data of a pass), its
-        top bit (the vector's checks) ANDed on the way with the pass's ``sums_fit``, which
-        belongs to the same vector after :data:`SUMS_FIT_DELAY` enabled clocks."""
-        for n in range(LATENCY):
-            if n == SUMS_FIT_DELAY:
-                value = Cat(value[:-1], value[-1] & sums_fit)
-            r = Signal(len(value), name=f"{name}_d{n}")
-            with m.If(en):
-                m.d.sync += r.eq(value)
-            value = r
-        return value
 
 
 def quant_writes(comp: int, quant) -> list[dict]:

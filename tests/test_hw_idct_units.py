@@ -10,38 +10,45 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from dlbooster import model
-from dlbooster.hw.idct import (LATENCY, SUMS_FIT_DELAY, Idct, IdctPass, TransposeBuffer, block_beats,
+from dlbooster.hw.idct import (LATENCY, Idct, IdctPass, TransposeBuffer, block_beats,
                                 quant_writes)
 from reference_impl import _one_pass as idct_1d
 
 
-def _run(vectors, enables, fits=None):
-    """Feed vectors (holding each while ``en`` is low) and collect the outputs; with a
-    ``fits`` list, also append ``sums_fit`` as seen :data:`SUMS_FIT_DELAY` enabled clocks
-    after each vector went in."""
-    dut = IdctPass(width=32)
+def _run(vectors, enables, fits=None, gaps=None):
+    """Feed vectors (holding each while ``en`` is low; with ``gaps``, a bubble before
+    vector k on each enabled clock while gaps[k] says so) and collect the outputs; each
+    vector's index rides in ``t_i``, and with a ``fits`` list each output's ``o_fit`` is
+    appended."""
+    dut = IdctPass(width=32, tag_width=8)
     got = []
 
     async def bench(ctx):
-        pending = list(vectors)
-        fed = []                      # per enabled clock: the index of the vector taken, or None
+        pending = list(enumerate(vectors))
+        bubble = list(gaps or [])
         for en in enables:
             ctx.set(dut.en, en)
-            if pending:
-                for n, value in enumerate(pending[0]):
+            gap = bool(pending) and bubble and bubble[0]
+            if pending and not gap:
+                index, vector = pending[0]
+                for n, value in enumerate(vector):
                     ctx.set(dut.i[n], value)
+                ctx.set(dut.t_i, index)
                 ctx.set(dut.i_valid, 1)
             else:
                 ctx.set(dut.i_valid, 0)
             if en and ctx.get(dut.o_valid):
+                assert ctx.get(dut.t_o) == len(got)
                 got.append([ctx.get(dut.o[n]) for n in range(8)])
-            if en and fits is not None and len(fed) >= SUMS_FIT_DELAY and fed[-SUMS_FIT_DELAY] is not None:
-                fits.append(ctx.get(dut.sums_fit))
+                if fits is not None:
+                    fits.append(ctx.get(dut.o_fit))
             await ctx.tick()
-            if en:
-                fed.append(len(vectors) - len(pending) if pending else None)
-                if pending:
+            if en and pending:
+                if gap:
+                    bubble[0] = False
+                else:
                     pending.pop(0)
+                    bubble = bubble[1:]
 
     sim = Simulator(dut)
     sim.add_clock(1e-8)
@@ -58,10 +65,12 @@ small = st.integers(-2048, 2047)
 @given(vectors=st.lists(st.lists(small | int32, min_size=8, max_size=8), min_size=1, max_size=12),
        seed=st.integers(0, 1000))
 def test_pass_is_exact_with_back_pressure(vectors, seed):
+    """Outputs, in order with their tags, through back-pressure and bubbles."""
     rng = random.Random(seed)
-    enables = [rng.random() < 0.7 for _ in range(4 * len(vectors) + 4 * LATENCY)]
-    enables += [True] * (len(vectors) + LATENCY + 1)  # let everything drain
-    got = _run(vectors, enables)
+    enables = [rng.random() < 0.7 for _ in range(6 * len(vectors) + 4 * LATENCY)]
+    enables += [True] * (2 * len(vectors) + LATENCY + 1)  # let everything drain
+    gaps = [rng.random() < 0.4 for _ in vectors]
+    got = _run(vectors, enables, gaps=gaps)
     assert got == [idct_1d(v) for v in vectors]
 
 
@@ -71,14 +80,15 @@ near16 = st.integers(-40000, 40000)
 @settings(max_examples=20, deadline=None)
 @given(vectors=st.lists(st.lists(near16 | small, min_size=8, max_size=8), min_size=1, max_size=12),
        seed=st.integers(0, 1000))
-def test_sums_fit_follows_its_vector(vectors, seed):
-    """``sums_fit`` is the model's pairwise 16-bit condition for the vector that went in
-    SUMS_FIT_DELAY enabled clocks before, through back-pressure gaps."""
+def test_o_fit_follows_its_vector(vectors, seed):
+    """``o_fit`` is the model's pairwise 16-bit condition for the output's vector,
+    through back-pressure and bubbles."""
     rng = random.Random(seed)
-    enables = [rng.random() < 0.7 for _ in range(4 * len(vectors) + 4 * LATENCY)]
-    enables += [True] * (len(vectors) + LATENCY + 1)
+    enables = [rng.random() < 0.7 for _ in range(6 * len(vectors) + 4 * LATENCY)]
+    enables += [True] * (2 * len(vectors) + LATENCY + 1)
+    gaps = [rng.random() < 0.4 for _ in vectors]
     fits = []
-    _run(vectors, enables, fits)
+    _run(vectors, enables, fits, gaps)
 
     def fit(x):
         return -32768 <= x <= 32767

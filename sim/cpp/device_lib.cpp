@@ -130,10 +130,13 @@ static void step(Sim *s) {
         Burst &wb = s->writes.front();
         load_word(s->word, t->m_axi_gmem_wdata);
         uint64_t strb = t->m_axi_gmem_wstrb;
+        // One permission check for a beat inside writable memory; byte by byte otherwise,
+        // so the first byte out of bounds is the one reported.
+        bool whole = allowed(s, wb.addr, WORD_BYTES, 3);
         for (int i = 0; i < WORD_BYTES; ++i) {
             if (!((strb >> i) & 1)) continue;
             uint64_t a = wb.addr + i;
-            if (allowed(s, a, 1, 3)) {
+            if (whole || allowed(s, a, 1, 3)) {
                 s->mem[a - MEM_BASE] = s->word[i];
             } else {
                 violation(s, a);
