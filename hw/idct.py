@@ -212,12 +212,16 @@ class TransposeBuffer(wiring.Component):
 
         m.d.comb += self.i.ready.eq(~full[wb])
         with m.If(self.i.valid & self.i.ready):
+            # The beat's columns enter each row of the bank at the right while the row
+            # shifts left by ``lanes``: after ``beats`` beats column c sits at c. One enable
+            # per bank and no write decode per register (cheaper on the FPGA, and one
+            # condition instead of 64 for a simulator).
             for b in range(2):
-                for j in range(beats):
-                    with m.If((wb == b) & (wj == j)):
-                        for p in range(lanes):
-                            for r in range(8):
-                                m.d.sync += bank[b][r][j * lanes + p].eq(self.i.payload.data[p][r])
+                with m.If(wb == b):
+                    for r in range(8):
+                        row = bank[b][r]
+                        m.d.sync += [row[c].eq(row[c + lanes]) for c in range(8 - lanes)]
+                        m.d.sync += [row[8 - lanes + p].eq(self.i.payload.data[p][r]) for p in range(lanes)]
             m.d.sync += [wj.eq(wj + 1 if beats > 1 else 0), tags[wb].eq(self.i.payload.tag)]
             with m.If(wj == beats - 1):
                 m.d.sync += [full[wb].eq(1), wb.eq(~wb)]
