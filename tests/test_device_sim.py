@@ -210,12 +210,16 @@ def test_bad_jobs_and_memory_errors(sim1):
     device.submit(2, src.device_address, 0, dst.device_address, 768)                  # empty
     device.submit(3, sim1.base + (1 << 31), len(data), dst.device_address, 768)        # unmapped input
     device.submit(4, src.device_address, len(data), src.device_address, 768)           # read-only output
+    # Buffers at the top of the 64-bit address space: the memory model's bounds checks
+    # must not wrap (they once indexed past its page table there and crashed).
+    device.submit(5, (1 << 64) - 16, 16, dst.device_address, 768)
+    device.submit(6, src.device_address, len(data), (1 << 64) - 768, 768)
     done = {}
     while device.in_flight:
         done.update({d.job_id: d for d in device.wait()})
     assert done[1].status == done[2].status == DeviceStatus.BAD_JOB
-    assert done[3].status == DeviceStatus.READ_ERROR
-    assert done[4].status == DeviceStatus.WRITE_ERROR
+    assert done[3].status == done[5].status == DeviceStatus.READ_ERROR
+    assert done[4].status == done[6].status == DeviceStatus.WRITE_ERROR
     assert (src.array == np.frombuffer(data, np.uint8)).all(), "the device wrote into its input"
     assert _violations(sim1) > 0
     (ok,) = device.decode_batch([(data, 768)])

@@ -73,9 +73,15 @@ struct Sim {
     uint8_t word[WORD_BYTES];
 };
 
+// Whether [addr, addr + n) lies in memory with permission `need`; no sum can wrap at the
+// top of the 64-bit address space, where the device may be sent.
+static bool in_memory(uint64_t addr, uint64_t n) {
+    return n != 0 && addr >= MEM_BASE && addr - MEM_BASE <= MEM_BYTES && n <= MEM_BYTES - (addr - MEM_BASE);
+}
+
 static bool allowed(Sim *s, uint64_t addr, uint64_t n, uint8_t need) {
-    if (addr < MEM_BASE || addr + n > MEM_BASE + MEM_BYTES) return false;
-    for (uint64_t p = (addr - MEM_BASE) / PAGE; p <= (addr + n - 1 - MEM_BASE) / PAGE; ++p)
+    if (!in_memory(addr, n)) return false;
+    for (uint64_t p = (addr - MEM_BASE) / PAGE; p <= (addr - MEM_BASE + n - 1) / PAGE; ++p)
         if ((s->perm[p] & need) != need) return false;
     return true;
 }
@@ -207,8 +213,8 @@ uint32_t dlb_word_bytes() { return WORD_BYTES; }
 // Permission of the pages covering [addr, addr + n): 0 none, 1 read, 3 read-write.
 int dlb_map(void *h, uint64_t addr, uint64_t n, uint32_t perm) {
     auto *s = (Sim *)h;
-    if (addr < MEM_BASE || addr + n > MEM_BASE + MEM_BYTES || n == 0) return -1;
-    for (uint64_t p = (addr - MEM_BASE) / PAGE; p <= (addr + n - 1 - MEM_BASE) / PAGE; ++p) s->perm[p] = perm;
+    if (!in_memory(addr, n)) return -1;
+    for (uint64_t p = (addr - MEM_BASE) / PAGE; p <= (addr - MEM_BASE + n - 1) / PAGE; ++p) s->perm[p] = perm;
     return 0;
 }
 
