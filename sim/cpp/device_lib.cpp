@@ -73,12 +73,13 @@ struct Sim {
     uint8_t word[WORD_BYTES];
 };
 
-// Whether [addr, addr + n) lies in memory with permission `need`; no sum can wrap at the
-// top of the 64-bit address space, where the device may be sent.
+// Whether [addr, addr + n) lies in the modelled memory; no sum can wrap at the top of the
+// 64-bit address space, where the device may be sent.
 static bool in_memory(uint64_t addr, uint64_t n) {
     return n != 0 && addr >= MEM_BASE && addr - MEM_BASE <= MEM_BYTES && n <= MEM_BYTES - (addr - MEM_BASE);
 }
 
+// Whether [addr, addr + n) lies in memory with permission `need`.
 static bool allowed(Sim *s, uint64_t addr, uint64_t n, uint8_t need) {
     if (!in_memory(addr, n)) return false;
     for (uint64_t p = (addr - MEM_BASE) / PAGE; p <= (addr - MEM_BASE + n - 1) / PAGE; ++p)
