@@ -22,6 +22,7 @@ import os
 import stat
 import warnings
 from dataclasses import dataclass, field
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -404,13 +405,23 @@ def read_input(source: str | os.PathLike | bytes | bytearray | memoryview) -> tu
     return read_file(path)[0], path
 
 
-def read_file(path: str) -> tuple[bytes, os.stat_result]:
+def read_file(path: str, into: Callable[[int], np.ndarray | None] | None = None
+              ) -> tuple[bytes | memoryview, os.stat_result]:
     """A regular file's bytes and its status (size, modification time).
 
     Regular files only: ``/dev/zero`` would fill memory, a FIFO would block (and opening
     one would release its writer); ``O_NONBLOCK`` covers a swap after the check. Raw
     descriptor calls: six system calls per file where ``stat`` and a buffered ``open()``
     make eleven (the runtime reads every input through here; issue 7).
+
+    Args:
+        path: the file.
+        into: optional ``into(size)`` giving a writable uint8 array of at least ``size``
+            bytes (the file's size at ``fstat``), or None to decline. The file is then read
+            straight into it (a device's staging buffer: no copy of the bytes afterwards)
+            and the result is a memoryview of its head; at most ``size`` bytes are read, so
+            a file that grows meanwhile is cut at the size it had when opened. Files whose
+            size is 0 (``/proc`` files) are read into bytes to the end.
 
     Raises:
         DecodeError: ``unreadable`` (missing, not a regular file, a failed read).
@@ -423,8 +434,19 @@ def read_file(path: str) -> tuple[bytes, os.stat_result]:
             st = os.fstat(fd)
             if not stat.S_ISREG(st.st_mode):
                 raise DecodeError("unreadable", "not a regular file", path)
+            size = st.st_size
+            array = into(size) if into is not None and size else None
+            if array is not None:
+                view = memoryview(array)[:size]
+                done = 0
+                while done < size:
+                    n = os.readv(fd, [view[done:]])
+                    if not n:
+                        break                 # it shrank meanwhile: what it holds now, as a read to the end gives
+                    done += n
+                return view[:done], st
             parts = []
-            while chunk := os.read(fd, max(st.st_size, 1 << 16)):
+            while chunk := os.read(fd, max(size, 1 << 16)):
                 parts.append(chunk)
         finally:
             os.close(fd)

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 import numpy as np
 
@@ -24,18 +25,21 @@ from .hw.regs import MAGIC, Ctrl, Irq, Reg, device_reason
 
 __all__ = ["Completion", "DecoderDevice", "DeviceError", "JobOutcome"]
 
-# Register offsets as plain ints: these lists are built per job and per completion.
+# Register offsets as plain ints (enum members cost more per access): the job's staging
+# registers in write order, then the completion registers in read order.
 _JOB_FIELDS = tuple(int(r) for r in (Reg.JOB_IN_ADDR_LO, Reg.JOB_IN_ADDR_HI, Reg.JOB_IN_LEN, Reg.JOB_OUT_ADDR_LO,
-                                     Reg.JOB_OUT_ADDR_HI, Reg.JOB_OUT_CAP, Reg.JOB_ID, Reg.JOB_PUSH))
+                                     Reg.JOB_OUT_ADDR_HI, Reg.JOB_OUT_CAP, Reg.JOB_ID))
+_JOB_PUSH, _DONE_COUNT, _DONE_POP = int(Reg.JOB_PUSH), int(Reg.DONE_COUNT), int(Reg.DONE_POP)
+_DONE_STATUS, _DONE_SIZE, _DONE_ID = int(Reg.DONE_STATUS), int(Reg.DONE_SIZE), int(Reg.DONE_ID)
+_DONE_BYTES, _DONE_CLOCKS, _DONE_SYMBOLS = int(Reg.DONE_BYTES), int(Reg.DONE_CLOCKS), int(Reg.DONE_SYMBOLS)
 
 
 class DeviceError(RuntimeError):
     """The device is absent, not a dlbooster decoder, or stopped answering."""
 
 
-@dataclass(frozen=True)
-class Completion:
-    """One completion as the device reports it.
+class Completion(NamedTuple):
+    """One completion as the device reports it (a named tuple: one is made per job).
 
     Attributes:
         job_id: the id given at submission.
@@ -94,6 +98,10 @@ class DecoderDevice:
         self.done_depth = (config >> 24) & 0xFF
         self.max_width = t.read32(Reg.MAX_WIDTH)
         self._free_slots = 0
+        # The JOB_* staging registers keep their values after JOB_PUSH (plain registers,
+        # cleared by reset), so a job writes only the fields that differ from the last
+        # job's: the address high words and often the capacity repeat (issue 7).
+        self._staged = [None] * len(_JOB_FIELDS)
         self.in_flight: set[int] = set()
         self._next_id = getattr(self, "_next_id", 0)   # job ids never repeat across batches
 
@@ -124,18 +132,6 @@ class DecoderDevice:
         """Free entries in the job FIFO (one register read)."""
         self._free_slots = self.transport.read32(Reg.JOB_PUSH)
         return self._free_slots
-
-    def _access(self, ops: Sequence[tuple[int, int | None]]) -> list[int]:
-        """Register accesses in order: ``(offset, value)`` writes, ``(offset, None)``
-        reads; returns the values read."""
-        t = self.transport
-        values = []
-        for offset, value in ops:
-            if value is None:
-                values.append(t.read32(offset))
-            else:
-                t.write32(offset, value)
-        return values
 
     def submit(self, job_id: int, in_addr: int, in_len: int, out_addr: int, out_cap: int) -> bool:
         """Queue a job; False (nothing queued) when the job FIFO is full.
@@ -172,31 +168,33 @@ class DecoderDevice:
         queued = jobs[: self._free_slots]
         if not queued:
             return 0
-        ops = []
+        write, staged = self.transport.write32, self._staged
         for job_id, in_addr, in_len, out_addr, out_cap in queued:
-            ops += zip(_JOB_FIELDS, (in_addr & 0xFFFFFFFF, in_addr >> 32 & 0xFFFFFFFF, in_len, out_addr & 0xFFFFFFFF,
-                                     out_addr >> 32 & 0xFFFFFFFF, out_cap, job_id & 0xFFFFFFFF, 1))
-        self._access(ops)
+            values = (in_addr & 0xFFFFFFFF, in_addr >> 32 & 0xFFFFFFFF, in_len, out_addr & 0xFFFFFFFF,
+                      out_addr >> 32 & 0xFFFFFFFF, out_cap, job_id & 0xFFFFFFFF)
+            for i, value in enumerate(values):
+                if staged[i] != value:
+                    staged[i] = None          # unknown if the write raises
+                    write(_JOB_FIELDS[i], value)
+                    staged[i] = value
+            write(_JOB_PUSH, 1)
         self._free_slots -= len(queued)
         self.in_flight.update(job[0] for job in queued)
         return len(queued)
 
-    #: The registers of one completion, read in this order, then DONE_POP.
-    _DONE = tuple((int(r), v) for r, v in ((Reg.DONE_STATUS, None), (Reg.DONE_SIZE, None), (Reg.DONE_ID, None),
-                                           (Reg.DONE_BYTES, None), (Reg.DONE_CLOCKS, None),
-                                           (Reg.DONE_SYMBOLS, None), (Reg.DONE_POP, 1)))
-
     def poll(self) -> list[Completion]:
-        """Read and pop every waiting completion (never blocks)."""
-        count = self.transport.read32(Reg.DONE_COUNT)
-        if not count:
-            return []
-        values = self._access(self._DONE * count)
+        """Read and pop every waiting completion (never blocks): the count, then per
+        completion its six registers and DONE_POP."""
+        t = self.transport
+        read, write = t.read32, t.write32
+        count = read(_DONE_COUNT)
         out = []
-        for i in range(0, 6 * count, 6):
-            status, size, job_id, written, clocks, symbols = values[i:i + 6]
+        for _ in range(count):
+            status, size = read(_DONE_STATUS), read(_DONE_SIZE)
+            job_id = read(_DONE_ID)
             done = Completion(job_id, status & 0xFF, (status >> 8) & 0xFF, size & 0xFFFF, size >> 16,
-                              written, clocks, symbols)
+                              read(_DONE_BYTES), read(_DONE_CLOCKS), read(_DONE_SYMBOLS))
+            write(_DONE_POP, 1)
             self.in_flight.discard(job_id)
             out.append(done)
         return out

@@ -9,7 +9,9 @@ A :class:`BatchBuffer` holds ``batch_size`` *slots* of ``slot_bytes`` bytes each
 image of h x w pixels is stored packed (h, w, 3) at the head of its slot, so a decoder
 (simplejpeg's ``buffer=``, a device's DMA) writes it in place. An image larger than a
 slot is decoded into its own array (the ``oversize`` path, counted by the loader); it is
-rare by construction of ``slot_bytes``.
+rare by construction of ``slot_bytes``. With device memory, the device writes such an
+image into the buffer's *spill* area (:meth:`BatchBuffer.spill`), transport memory kept
+with the buffer and reused like its slots, so it costs no allocation and no copy either.
 
 Memory: host tensors are pinned when CUDA is present (so the host-to-device copy is
 asynchronous); for a device backend the buffer memory comes from the device's transport
@@ -24,7 +26,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-__all__ = ["BatchBuffer", "BatchPool"]
+__all__ = ["BatchBuffer", "BatchPool", "SpillBuffer"]
 
 
 @dataclass
@@ -43,6 +45,7 @@ class BatchBuffer:
         count: slots in use (the batch's images are slots ``0..count-1``).
         copied: CUDA event recorded after the last host-to-device copy from ``host``,
             or None; the pool waits on it before the buffer is filled again.
+        spills: the spill area's chunks, ``[transport buffer, bytes used]`` each.
     """
 
     data: np.ndarray
@@ -55,6 +58,7 @@ class BatchBuffer:
     oversize: dict = field(default_factory=dict)
     count: int = 0
     copied: object = None
+    spills: list = field(default_factory=list)
 
     def __post_init__(self):
         n = self.data.shape[0]
@@ -72,9 +76,53 @@ class BatchBuffer:
             return None
         return self.device_address + slot * self.slot_bytes
 
+    def spill(self, nbytes: int, allocate) -> SpillBuffer:
+        """Room for one image larger than a slot, in device memory that stays with this
+        buffer until :meth:`clear` (page aligned; a chunk of at least 4 MiB is allocated
+        with ``allocate`` when the chunks so far are full, and kept for later batches).
+
+        Raises:
+            MemoryError: ``allocate`` found no room.
+        """
+        span = -(-nbytes // _PAGE) * _PAGE
+        for chunk in self.spills:
+            handle, used = chunk
+            if handle.size - used >= nbytes:
+                chunk[1] = used + span
+                return SpillBuffer(chunk, used, nbytes, span)
+        handle = allocate(max(4 << 20, 1 << (span - 1).bit_length()))
+        self.spills.append([handle, span])
+        return SpillBuffer(self.spills[-1], 0, nbytes, span)
+
     def clear(self) -> None:
         self.count = 0
         self.oversize.clear()
+        for chunk in self.spills:
+            chunk[1] = 0
+
+
+_PAGE = 4096
+
+
+class SpillBuffer:
+    """``size`` bytes at ``offset`` of a batch buffer's spill chunk: an output buffer as
+    a transport's (``device_address``, ``size``, ``array``, ``sync_from_device()``,
+    ``free()``) whose memory belongs to the batch buffer."""
+
+    def __init__(self, chunk: list, offset: int, size: int, span: int):
+        self.chunk, self.offset, self.size, self.span = chunk, offset, size, span
+        handle = chunk[0]
+        self.device_address = handle.device_address + offset
+        self.array = handle.array[offset:offset + size]
+
+    def sync_from_device(self) -> None:
+        self.chunk[0].sync_from_device()
+
+    def free(self) -> None:
+        """Give the room back when it is the chunk's last (rooms freed in reverse order
+        of taking all come back); otherwise it waits for the batch buffer's ``clear``."""
+        if self.chunk[1] == self.offset + self.span:
+            self.chunk[1] = self.offset
 
 
 class BatchPool:
@@ -165,3 +213,6 @@ class BatchPool:
                     torch.cuda.cudart().cudaHostUnregister(buf.host.data_ptr())
                 buf.handle.free()
                 buf.handle = None
+            for handle, _ in buf.spills:
+                handle.free()
+            buf.spills.clear()

@@ -43,6 +43,7 @@ import numpy as np
 from . import jpeg
 from .backends import CpuBackend, get_backend, read_file
 from .errors import DecodeError, FallbackError
+from .pool import SpillBuffer
 
 __all__ = ["DecodeService", "Outcome", "ServiceStats", "Task"]
 
@@ -132,13 +133,15 @@ class _Dispatcher(threading.Thread):
         self.service, self.number, self.device = service, number, device
         self.queue: queue.Queue = queue.Queue(maxsize=depth)
         self.limit = device.job_depth + device.lanes
-        self.staging: list = []               # free input staging buffers (transport memory)
+        self.staging: list = []               # spare input staging buffers (transport memory)
+        self.outputs: list = []               # spare output buffers, for images larger than a slot
         self.inflight: dict[int, tuple] = {}  # job id -> (task, data, src, dst)
         self.next_id = 0
         self.stopping = False
         self.pending: collections.deque = collections.deque()   # tasks taken, not yet read
-        self.backlog: collections.deque = collections.deque()   # read, not yet accepted
+        self.backlog: collections.deque = collections.deque()   # read, not yet accepted (items)
         self.current: list | None = None      # (task, data) pairs being submitted or completed
+        self.reading = None                   # the staging buffer the input being read went into
         self.started: dict[int, float] = {}   # job id -> submission time (when tracing)
         self.lane_free: dict[int, float] = {} # lane -> its last completion time (when tracing)
         self.clocks0 = self._clocks()
@@ -148,14 +151,54 @@ class _Dispatcher(threading.Thread):
         return counters()["clocks"] if counters else None
 
     def _staging(self, size: int):
-        t = self.device.transport
-        word = self.device.bus_bytes
+        """A staging buffer of at least ``size`` bytes: a spare, else a new one whose size
+        is a power of two (at least 256 KiB), so spares fit the next inputs instead of
+        being reallocated for each larger file.
+
+        Raises:
+            MemoryError: the transport's memory is exhausted.
+        """
         for i, buf in enumerate(self.staging):
             if buf.size >= size:
                 return self.staging.pop(i)
         if self.staging:
             self.staging.pop().free()         # grow: one spare (too small) goes
-        return t.allocate(max(size, word, 1 << 16), writable=False)
+        return self.device.transport.allocate(max(1 << 18, 1 << (size - 1).bit_length(), self.device.bus_bytes),
+                                              writable=False)
+
+    def _output(self, size: int):
+        """An output buffer of at least ``size`` bytes for an image its batch slot cannot
+        take: a spare, else a new one whose size is a power of two (at least 1 MiB).
+
+        Raises:
+            MemoryError: the transport's memory is exhausted.
+        """
+        for i, buf in enumerate(self.outputs):
+            if buf.size >= size:
+                return self.outputs.pop(i)
+        return self.device.transport.allocate(max(1 << 20, 1 << (size - 1).bit_length(), self.device.bus_bytes))
+
+    def _spare_output(self, buf) -> None:
+        """Keep an output buffer no job uses now for the next large image (the two
+        largest are kept; allocating and clearing megabytes per image cost more than the
+        rest of its handling). Room in a batch buffer's spill area goes back to it."""
+        if isinstance(buf, SpillBuffer):
+            buf.free()
+            return
+        self.outputs.append(buf)
+        if len(self.outputs) > 2:
+            self.outputs.sort(key=lambda b: b.size)
+            self.outputs.pop(0).free()
+
+    def _read_into_staging(self, size: int):
+        """``into`` of :func:`~dlbooster.backends.read_file`: files are read straight
+        into a staging buffer (None when the transport's memory is full: bytes then).
+        The buffer taken is left in ``self.reading``."""
+        try:
+            self.reading = self._staging(size)
+        except MemoryError:
+            return None
+        return self.reading.array
 
     def run(self) -> None:
         try:
@@ -168,7 +211,7 @@ class _Dispatcher(threading.Thread):
                 for task, data in self.current:
                     self.service._to_cpu(task, data, "device-fault", detail)
                 self.current = None
-            for task, data, _, _ in self.backlog:
+            for task, data, *_ in self.backlog:
                 self.service._to_cpu(task, data, "device-fault", detail)
             self.backlog.clear()
             while self.pending:
@@ -177,8 +220,10 @@ class _Dispatcher(threading.Thread):
                 self._drain_to_cpu(detail)
 
     def _next(self, block: bool = True):
-        """The next (task, data, width, height) to submit, or None when nothing is ready;
-        waits for tasks only when ``block`` and no job is in flight."""
+        """The next item ``(task, data, width, height, src)`` to submit, or None when
+        nothing is ready; waits for tasks only when ``block`` and no job is in flight.
+        ``src`` is the staging buffer the input was read into (``data`` is a view of it;
+        the item owns it), or None (``data`` is bytes)."""
         while True:
             if self.backlog:
                 return self.backlog.popleft()
@@ -194,9 +239,12 @@ class _Dispatcher(threading.Thread):
                     return None
                 self.pending.extend(got)
                 continue
-            item = self.service._screen(self.pending.popleft())
+            self.reading = None
+            item = self.service._screen(self.pending.popleft(), self._read_into_staging)
             if item is not None:
-                return item
+                return (*item, self.reading)
+            if self.reading is not None:      # gone to the CPU (its bytes copied) or failed
+                self.staging.append(self.reading)
 
     def _loop(self) -> None:
         from .device import DeviceError
@@ -234,24 +282,27 @@ class _Dispatcher(threading.Thread):
                 self._complete_many(completions)
 
     def _submit(self, items: list[tuple]) -> int:
-        """Stage ``(task, data, width, height)`` items and queue their jobs in one register
-        sequence; returns how many the job FIFO took (the first ones)."""
+        """Stage items (:meth:`_next`) and queue their jobs in one register sequence;
+        returns how many the job FIFO took (the first ones). The others keep their
+        staging buffers (they go back to the backlog)."""
         service = self.service
         device = self.device
         jobs, held = [], []
         try:
-            for task, data, width, height in items:
-                src = self._staging(len(data))
+            for task, data, width, height, src in items:
+                if src is None:
+                    src = self._staging(len(data))
+                    src.array[: len(data)] = np.frombuffer(data, np.uint8)
                 held.append((task, data, src, None))
-                src.array[: len(data)] = np.frombuffer(data, np.uint8)
                 src.sync_to_device()
                 need = 3 * width * height if width <= device.max_width else 0
                 buf = task.buffer
                 out_addr = buf.slot_address(task.slot)
                 cap = buf.slot_bytes
                 if out_addr is None or need > cap:
-                    # The slot is not device memory, or the image is larger than a slot.
-                    dst = device.transport.allocate(max(need, device.bus_bytes))
+                    # The image is larger than a slot (it goes to the batch buffer's spill
+                    # area), or the slot is not device memory (a buffer of the dispatcher's).
+                    dst = buf.spill(need, device.transport.allocate) if out_addr is not None else self._output(need)
                     held[-1] = (task, data, src, dst)
                     out_addr, cap = dst.device_address, need
                 job = (self.next_id + len(jobs)) & 0xFFFFFFFF
@@ -259,10 +310,10 @@ class _Dispatcher(threading.Thread):
         except BaseException:
             # Nothing is queued yet: the buffers go back, the fault path sends the items
             # (self.current) to the CPU.
-            for _, _, src, dst in held:
+            for _, _, src, dst in reversed(held):
                 self.staging.append(src)
                 if dst is not None:
-                    dst.free()
+                    self._spare_output(dst)
             raise
         try:
             queued = device.submit_many(jobs)
@@ -276,10 +327,12 @@ class _Dispatcher(threading.Thread):
                 self.inflight[job] = entry
             self.next_id = (self.next_id + queued) & 0xFFFFFFFF
             self.current = [(task, data) for task, data, _, _ in held[queued:]] or None
-        for _, _, src, dst in held[queued:]:
-            self.staging.append(src)
+        # In reverse, so the spill rooms they took all go back.
+        for (_, _, _, _, own), (_, _, src, dst) in reversed(list(zip(items[queued:], held[queued:]))):
+            if own is None:
+                self.staging.append(src)
             if dst is not None:
-                dst.free()
+                self._spare_output(dst)
         if service.trace is not None:
             now = time.perf_counter()
             for job, *_ in jobs[:queued]:
@@ -328,7 +381,7 @@ class _Dispatcher(threading.Thread):
                                    args={"cycles": done.clocks, "status": done.status, "path": task.path})
         if done.status:
             if dst is not None:
-                dst.free()
+                self._spare_output(dst)
             self.current = None
             service._to_cpu(task, data, done.reason, f"device status 0x{done.status:02x}", extra)
             return None
@@ -336,20 +389,24 @@ class _Dispatcher(threading.Thread):
                 task.buffer.slot_bytes if dst is None else dst.size):
             # A completion whose figures disagree: its pixels cannot be trusted.
             if dst is not None:
-                dst.free()
+                self._spare_output(dst)
             self.current = None
             service._to_cpu(task, data, "device-fault", f"completion reports {done.width}x{done.height} "
                             f"and {done.bytes_written} bytes written", extra)
             return None
         buf = task.buffer
         buf.sizes[task.slot] = (done.height, done.width)
-        if dst is not None:
+        if isinstance(dst, SpillBuffer):
+            # In the batch buffer's spill area the image stays where the device wrote it.
+            dst.sync_from_device()
+            service._place(task, dst.array[: 3 * done.width * done.height].reshape(done.height, done.width, 3))
+        elif dst is not None:
             try:
                 dst.sync_from_device()
                 image = dst.array[: 3 * done.width * done.height].reshape(done.height, done.width, 3)
                 service._place(task, image.copy())
             finally:
-                dst.free()
+                self._spare_output(dst)
         self.current = None
         return task, Outcome(task.index, task.path, "ok", service.backend_name, extra=extra)
 
@@ -366,7 +423,7 @@ class _Dispatcher(threading.Thread):
         for task, data, src, dst in held:
             self.staging.append(src)
             if dst is not None:
-                dst.free()
+                self._spare_output(dst)
             self.service._to_cpu(task, data, "device-fault", detail)
 
     def _drain_to_cpu(self, detail: str) -> None:
@@ -378,9 +435,10 @@ class _Dispatcher(threading.Thread):
     def close(self) -> None:
         self.queue.put(_STOP)
         self.join()
-        for buf in self.staging:
+        for buf in self.staging + self.outputs:
             buf.free()
         self.staging.clear()
+        self.outputs.clear()
 
 
 class DecodeService:
@@ -471,22 +529,24 @@ class DecodeService:
             depths[f"device{d.number}"] = d.queue.qsize()
         return depths
 
-    def _read(self, task: Task) -> tuple[bytes, os.stat_result | None]:
+    def _read(self, task: Task, into: Callable[[int], Any] | None = None
+              ) -> tuple[bytes | memoryview, os.stat_result | None]:
         """The input's bytes and its file's status (None for a ``task.read`` input); the
-        CPU time it takes is added to :attr:`ServiceStats.read_seconds`.
+        CPU time it takes is added to :attr:`ServiceStats.read_seconds`. ``into`` as for
+        :func:`~dlbooster.backends.read_file` (files only).
 
         Raises:
             DecodeError: unreadable (reason ``unreadable``) or empty (``undecodable``).
         """
         start = time.thread_time()
         try:
-            return self._read_input(task)
+            return self._read_input(task, into)
         finally:
             elapsed = time.thread_time() - start
             with self._lock:
                 self.stats.read_seconds += elapsed
 
-    def _read_input(self, task: Task) -> tuple[bytes, os.stat_result | None]:
+    def _read_input(self, task: Task, into=None) -> tuple[bytes | memoryview, os.stat_result | None]:
         if task.read is not None:
             try:
                 data = task.read()
@@ -495,20 +555,22 @@ class DecodeService:
             if not data:
                 raise DecodeError("undecodable", "empty input", task.path)
             return data, None
-        data, st = read_file(task.path)
+        data, st = read_file(task.path, into)
         if not data:
             raise DecodeError("undecodable", "empty file", task.path)
         return data, st
 
-    def _screen(self, task: Task):
+    def _screen(self, task: Task, into: Callable[[int], Any] | None = None):
         """On a dispatcher: read and pre-screen one input. Returns ``(task, data, width,
         height)`` for the device, or None when the task went to the CPU or ended.
 
         The pre-screen's verdict is kept per file (keyed by size and modification time),
-        so later epochs skip the header parse.
+        so later epochs skip the header parse. ``into`` as for
+        :func:`~dlbooster.backends.read_file` (files only): ``data`` may then be a view
+        of the caller's buffer.
         """
         try:
-            data, st = self._read(task)
+            data, st = self._read(task, into)
             key = (st.st_size, st.st_mtime_ns) if st is not None else None
             cached = self._screens.get(task.path) if key is not None else None
             if cached is None or cached[0] != key:
@@ -538,8 +600,12 @@ class DecodeService:
             reason, detail = "internal", f"{type(exc).__name__}: {exc}"
         self._finish(task, Outcome(task.index, task.path, "error", None, reason, detail, extra or {}))
 
-    def _to_cpu(self, task: Task, data: bytes | None, reason: str, detail: str, extra: dict | None = None) -> None:
-        """Send a task the device path gave up on to the CPU pool (``data`` None: not read yet)."""
+    def _to_cpu(self, task: Task, data: bytes | memoryview | None, reason: str, detail: str,
+                extra: dict | None = None) -> None:
+        """Send a task the device path gave up on to the CPU pool (``data`` None: not read
+        yet). A view (of a staging buffer the dispatcher will reuse) is copied here."""
+        if data is not None and type(data) is not bytes:
+            data = bytes(data)
         self._cpu_pool.submit(self._fallback, task, data, None, FallbackError(reason, detail), extra or {})
 
     def _cpu_span(self, task: Task, kind: str):

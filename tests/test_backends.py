@@ -476,3 +476,27 @@ def test_cpu_path_every_corpus_file(rel):
     data = (root / rel).read_bytes()
     problem = _cpu_check(data)
     assert problem is None, f"{rel}: {problem}"
+
+
+def test_read_file_into_a_callers_buffer(tmp_path):
+    """``read_file(path, into)`` reads a file straight into the buffer ``into`` gives (a
+    device's staging buffer, issue 7): the same bytes as a plain read, no copy; a
+    declined or empty buffer request reads into bytes; special files stay unreadable."""
+    data = gen(64, 48, subsampling=2)
+    path = tmp_path / "a.jpg"
+    path.write_bytes(data)
+    plain, st = backends.read_file(str(path))
+    assert plain == data and st.st_size == len(data)
+    target = np.full(len(data) + 100, 7, np.uint8)
+    asked = []
+    got, st2 = backends.read_file(str(path), lambda n: (asked.append(n), target)[1])
+    assert asked == [len(data)] and isinstance(got, memoryview) and bytes(got) == data
+    assert np.shares_memory(np.frombuffer(got, np.uint8), target)
+    assert (target[len(data):] == 7).all(), "nothing written past the file's bytes"
+    got, _ = backends.read_file(str(path), lambda n: None)
+    assert type(got) is bytes and got == data
+    empty = tmp_path / "empty.jpg"
+    empty.write_bytes(b"")
+    assert backends.read_file(str(empty), lambda n: pytest.fail("asked for a 0-byte buffer"))[0] == b""
+    with pytest.raises(DecodeError, match="not a regular file"):
+        backends.read_file(str(tmp_path), lambda n: target)

@@ -489,7 +489,7 @@ def test_eval_transform_is_deterministic_across_epochs(transform_source):
 @pytest.fixture(scope="module")
 def sim_source(tmp_path_factory):
     """Six small JPEGs the device takes, one larger than a 64x64 slot (the device writes
-    it to its own buffer), one progressive (declined), one missing file."""
+    it to the batch buffer's spill area), one progressive (declined), one missing file."""
     root = tmp_path_factory.mktemp("sim")
     subsamplings = (0, 1, 2, "gray", 2, "440")
     source = [(str(write(root / f"{i}.jpg", gen(48, 40 - 2 * i, subsampling=s, quality=60 + 5 * i))), i % 3)
@@ -524,6 +524,7 @@ def test_sim_loader_equals_pillow_and_cpu(sim, sim_source):
         stats = loader.stats()
         assert stats.outcomes == {"ok": 7, "fallback:progressive": 1, "error:unreadable": 1}
         assert stats.oversize == 1 and stats.images == 8
+        assert sum(len(b.spills) for b in loader.pool.buffers) == 1, "the large image went to a spill area"
         assert stats.lane_busy, "no lane figures"
         assert set(stats.lane_busy) <= {f"device0.lane{k}" for k in range(LANES)}
         assert all(0 < v <= 1 for v in stats.lane_busy.values()), stats.lane_busy
@@ -783,9 +784,9 @@ def test_instant_device_batches_equal_pillow_and_bench_host_accounts(tiny_source
     assert result["goal_met"] == (result["host_us_per_image"] <= 20.0)
 
 
-def _instant_service(tmp_path, n: int, size: int, slot_pixels: int, job_depth: int = 4):
+def _instant_service(tmp_path, n: int, size: int, slot_pixels: int, job_depth: int = 4, device_memory: bool = True):
     """n generated JPEGs of size x size, an instant device that knows their pixels, a
-    service over it and one batch buffer from the device's memory."""
+    service over it and a one-buffer pool in the device's memory (else host memory)."""
     from dlbooster.instant import InstantBackend, InstantTransport
     from dlbooster.pool import BatchPool
     from dlbooster.service import DecodeService
@@ -795,7 +796,7 @@ def _instant_service(tmp_path, n: int, size: int, slot_pixels: int, job_depth: i
     for p in paths:
         transport.learn(Path(p).read_bytes(), pillow_file(p)[0])
     service = DecodeService(InstantBackend(transport), cpu_workers=1)
-    pool = BatchPool(n, 3 * slot_pixels, 1, allocate=service.allocator(), pin=False)
+    pool = BatchPool(n, 3 * slot_pixels, 1, allocate=service.allocator() if device_memory else None, pin=False)
     return paths, transport, service, pool
 
 
@@ -832,17 +833,21 @@ def _run_once_each(paths, service, pool, hook=None) -> dict:
     return outcomes
 
 
-def test_instant_faults_mid_batch_lose_nothing_and_reset_before_freeing(tmp_path):
+def test_instant_faults_mid_batch_lose_nothing_and_reset_before_freeing(tmp_path, monkeypatch):
     """Review findings on the batched dispatcher: a bus error on the second JOB_PUSH of a
-    batch resets the device before any output buffer of a queued job is freed; a
+    batch resets the device before the output room of any queued job is given back; a
     failing free of a refused job's buffer reports nothing twice; a done callback that
     raises SystemExit does not cost the other tasks theirs."""
     from dlbooster.hw.regs import Reg
+    from dlbooster.pool import SpillBuffer
 
-    # Images larger than a slot: every job gets its own output buffer.
+    # Images larger than a slot: every job gets its own room in the batch buffer's spill area.
     paths, t, service, pool = _instant_service(tmp_path, 8, 32, 16 * 16)
-    events, write32, free, reset = [], t.write32, t._free, t.reset
+    events, write32, reset = [], t.write32, t.reset
     pushes = []
+    give_back = SpillBuffer.free
+    monkeypatch.setattr(SpillBuffer, "free", lambda room: (events.append(("free", room.device_address)),
+                                                           give_back(room))[1])
 
     def faulty_write(offset, value):
         if offset == Reg.JOB_PUSH:
@@ -852,7 +857,6 @@ def test_instant_faults_mid_batch_lose_nothing_and_reset_before_freeing(tmp_path
         write32(offset, value)
 
     t.write32 = faulty_write
-    t._free = lambda buf: (events.append(("free", buf.device_address)), free(buf))[1]
     t.reset = lambda *a: (events.append(("reset",)), reset(*a))[1]
     outcomes = _run_once_each(paths, service, pool)
     assert set(outcomes.values()) == {("fallback", "device-fault")}
@@ -860,7 +864,8 @@ def test_instant_faults_mid_batch_lose_nothing_and_reset_before_freeing(tmp_path
     service.close()
     pool.close()
 
-    paths, t, service, pool = _instant_service(tmp_path / "b", 8, 32, 16 * 16)
+    # Host memory slots: each job larger than a slot gets an output buffer of the dispatcher's.
+    paths, t, service, pool = _instant_service(tmp_path / "b", 8, 32, 16 * 16, device_memory=False)
     read32, free = t.read32, t._free
     t.read32 = lambda offset: 1 if offset == Reg.JOB_PUSH else read32(offset)   # room for one job
     failed = []
@@ -908,3 +913,54 @@ def test_instant_completion_with_inconsistent_figures_goes_to_the_cpu(tmp_path):
     assert sorted(outcomes.values()) == [("fallback", "device-fault")] * 2 + [("ok", None)] * 2
     service.close()
     pool.close()
+
+
+def test_images_larger_than_a_slot_go_to_the_spill_area_without_allocating(tmp_path):
+    """With device memory, images larger than a slot are written by the device into the
+    batch buffer's spill area and delivered from there: equal to Pillow's, no copy, and
+    after the first batch no transport allocation at all (issue 7)."""
+    paths, t, service, pool = _instant_service(tmp_path, 6, 40, 16 * 16)
+    allocate = t.allocate
+    sizes = []
+    t.allocate = lambda size, **kw: (sizes.append(size), allocate(size, **kw))[1]
+    try:
+        for round_ in range(3):
+            assert set(_run_once_each(paths, service, pool).values()) == {("ok", None)}
+            (buf,) = pool.buffers
+            # Six page-aligned rooms of 4,800 bytes (two pages): the two jobs the job FIFO
+            # refuses each time give theirs back, so none is taken twice.
+            assert len(buf.spills) == 1 and buf.spills[0][1] == 6 * 8192
+            for i in range(6):                 # views of the spill chunk, not copies
+                assert np.shares_memory(buf.oversize[i], buf.spills[0][0].array)
+            if round_ == 0:
+                # The spill chunk, and the staging buffers the inputs are read into.
+                assert sorted(sizes) == [1 << 18] * (len(sizes) - 1) + [4 << 20], sizes
+                sizes.clear()
+            pool.release(buf)
+        assert sizes == [], "no allocation after the first batch"
+    finally:
+        service.close()
+        pool.close()
+
+
+def test_spill_rooms_come_back_in_reverse_order_and_on_clear():
+    from dlbooster.pool import BatchBuffer
+
+    class Handle:
+        def __init__(self, size):
+            self.size, self.device_address, self.array = size, 1 << 32, np.zeros(size, np.uint8)
+
+    buf = BatchBuffer(np.zeros((2, 12), np.uint8))
+    a = buf.spill(5000, Handle)                # two pages
+    b = buf.spill(100, Handle)
+    assert (a.device_address, b.device_address, a.size, b.size) == (1 << 32, (1 << 32) + 8192, 5000, 100)
+    assert len(buf.spills) == 1 and buf.spills[0][0].size == 4 << 20 and buf.spills[0][1] == 3 * 4096
+    a.free()                                   # not the last room: kept until clear
+    assert buf.spills[0][1] == 3 * 4096
+    b.free()
+    a.free()
+    assert buf.spills[0][1] == 0
+    big = buf.spill(5 << 20, Handle)           # larger than the chunk: a second, larger chunk
+    assert len(buf.spills) == 2 and buf.spills[1][0].size == 8 << 20 and big.array.size == 5 << 20
+    buf.clear()
+    assert [used for _, used in buf.spills] == [0, 0]
