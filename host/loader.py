@@ -116,12 +116,15 @@ class _Pending:
         self.number, self.buffer, self.count = number, buffer, count
         self.outcomes: list[Outcome | None] = [None] * count
         self.left = count
+        self.all_ok = True                    # no outcome but ``ok`` so far (the assembly's fast path)
         self.lock = threading.Lock()
         self.on_ready = on_ready
 
     def done(self, task: Task, outcome: Outcome) -> None:
         self.outcomes[task.slot] = outcome
         with self.lock:
+            if outcome.status != "ok":
+                self.all_ok = False
             self.left -= 1
             ready = self.left == 0
         if ready:
@@ -380,7 +383,10 @@ class Loader:
         keep: list[int] = []
         replacements: dict[int, np.ndarray] = {}
         unusual: list[Outcome] = []
-        for slot, outcome in enumerate(pending.outcomes):
+        if pending.all_ok:                    # the common case: every slot, nothing to report
+            keep = list(range(pending.count))
+            report.delivered += pending.count
+        for slot, outcome in [] if pending.all_ok else enumerate(pending.outcomes):
             if outcome.status != "ok":
                 unusual.append(outcome)
             if outcome.status == "fallback":
@@ -415,26 +421,36 @@ class Loader:
                 event.record(self._copy_stream)
             torch.cuda.current_stream(device).wait_event(event)
             buf.copied = event
+        elif device.type == "cpu":
+            staged = None                     # the views are of the batch buffer itself
         else:
-            staged = buf.host[: buf.count] if buf.host is not None else torch.from_numpy(buf.data[: buf.count])
-            if device.type != "cpu":
-                staged = staged.to(device)
+            staged = (buf.host[: buf.count] if buf.host is not None else torch.from_numpy(buf.data[: buf.count])
+                      ).to(device)
         if self.trace is not None and device.type != "cpu":
             # On CUDA the span is the copy's enqueue; the copy itself runs on the side stream.
             self.trace.complete(f"copy batch {pending.number}", "copy", start, time.perf_counter(),
                                 thread="loader")
-        views = []
+        # The (3, h, w) view of each slot's packed HWC pixels is made in one op (slicing,
+        # reshaping and permuting cost three, about 16 us per image). On the CPU it is a
+        # numpy view: torch.as_strided releases the GIL, and with a dispatcher thread
+        # waiting for it each call became a thread switch (issue 7).
+        if staged is None:
+            data, step, from_numpy, ndarray = buf.data, buf.data.strides[0], torch.from_numpy, np.ndarray
+
+            def view(slot, h, w):
+                return from_numpy(ndarray((3, h, w), np.uint8, data, slot * step, (1, 3 * w, 3)))
+        else:
+            row0, row_stride, as_strided = staged.storage_offset(), staged.stride(0), torch.as_strided
+
+            def view(slot, h, w):
+                return as_strided(staged, (3, h, w), (1, 3 * w, 3), row0 + slot * row_stride)
         sizes_hw = buf.sizes.tolist()
-        row0, row_stride = staged.storage_offset(), staged.stride(0)
-        for slot in keep:
-            if slot in replacements or slot in buf.oversize:
-                array = replacements.get(slot, buf.oversize.get(slot))
-                views.append(torch.from_numpy(np.require(array, np.uint8, ["C", "W"])).to(device).permute(2, 0, 1))
-                continue
-            h, w = sizes_hw[slot]
-            # The (3, h, w) view of the slot's packed HWC pixels in one op: slicing,
-            # reshaping and permuting cost three (about 16 us per image, issue 7).
-            views.append(torch.as_strided(staged, (3, h, w), (1, 3 * w, 3), row0 + slot * row_stride))
+        if not replacements and not buf.oversize:
+            views = [view(slot, h, w) for slot, (h, w) in zip(keep, map(sizes_hw.__getitem__, keep))]
+        else:
+            special = {**buf.oversize, **replacements}
+            views = [torch.from_numpy(np.require(special[slot], np.uint8, ["C", "W"])).to(device).permute(2, 0, 1)
+                     if slot in special else view(slot, *sizes_hw[slot]) for slot in keep]
         sizes = torch.from_numpy(buf.sizes[keep].copy())
         indices = torch.from_numpy(buf.indices[keep].copy())
         labels = torch.from_numpy(buf.labels[keep].copy()).to(device, non_blocking=True)

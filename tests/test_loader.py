@@ -902,8 +902,8 @@ def test_instant_completion_with_inconsistent_figures_goes_to_the_cpu(tmp_path):
     paths, t, service, pool = _instant_service(tmp_path, 4, 16, 16 * 16)
     run_job = t._run_job
 
-    def lying():
-        run_job()
+    def lying(staged):
+        run_job(staged)
         job, status, size, written, clocks, symbols = t._done[-1]
         if job % 2 == 0:
             t._done[-1] = (job, status, size, written - 3, clocks, symbols)
