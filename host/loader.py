@@ -277,13 +277,12 @@ class Loader:
                         return
                     buf.count = len(chunk)
                     pending = _Pending(number, buf, len(chunk), on_ready)
-                    for slot, index in enumerate(chunk):
-                        sample = self.samples[index]
-                        buf.labels[slot] = sample.label
-                        buf.indices[slot] = index
-                    self.service.submit_many([Task(index, self.samples[index].path, buf, slot, pending.done,
-                                                   self._reader(index))
-                                              for slot, index in enumerate(chunk)])
+                    samples = [self.samples[index] for index in chunk]
+                    buf.labels[: len(chunk)] = [sample.label for sample in samples]
+                    buf.indices[: len(chunk)] = chunk
+                    done, reader = pending.done, self._reader
+                    self.service.submit_many([Task(index, sample.path, buf, slot, done, reader(index))
+                                              for slot, (index, sample) in enumerate(zip(chunk, samples))])
             except BaseException as exc:  # surfaces in the iterating thread
                 failure.append(exc)
                 with cond:

@@ -46,6 +46,7 @@ class BatchBuffer:
         copied: CUDA event recorded after the last host-to-device copy from ``host``,
             or None; the pool waits on it before the buffer is filled again.
         spills: the spill area's chunks, ``[transport buffer, bytes used]`` each.
+        slot_bytes: bytes per slot (``data.shape[1]``).
     """
 
     data: np.ndarray
@@ -61,14 +62,10 @@ class BatchBuffer:
     spills: list = field(default_factory=list)
 
     def __post_init__(self):
-        n = self.data.shape[0]
+        n, self.slot_bytes = self.data.shape     # plain attributes: read for every image
         self.sizes = np.zeros((n, 2), np.int64)
         self.labels = np.zeros(n, np.int64)
         self.indices = np.zeros(n, np.int64)
-
-    @property
-    def slot_bytes(self) -> int:
-        return self.data.shape[1]
 
     def slot_address(self, slot: int) -> int | None:
         """Device address of slot ``slot`` (None for host-only memory)."""

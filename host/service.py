@@ -50,7 +50,7 @@ __all__ = ["DecodeService", "Outcome", "ServiceStats", "Task"]
 log = logging.getLogger("dlbooster")
 
 
-@dataclass
+@dataclass(slots=True)
 class Outcome:
     """What became of one input.
 
@@ -79,7 +79,7 @@ class Outcome:
         return text
 
 
-@dataclass
+@dataclass(slots=True)
 class Task:
     """One input to decode into slot ``slot`` of ``buffer``; ``done(task, outcome)`` is
     called exactly once, from a service thread. ``read``, when given, returns the input's
@@ -142,6 +142,7 @@ class _Dispatcher(threading.Thread):
         self.backlog: collections.deque = collections.deque()   # read, not yet accepted (items)
         self.current: list | None = None      # (task, data) pairs being submitted or completed
         self.reading = None                   # the staging buffer the input being read went into
+        self._into = self._read_into_staging
         self.started: dict[int, float] = {}   # job id -> submission time (when tracing)
         self.lane_free: dict[int, float] = {} # lane -> its last completion time (when tracing)
         self.clocks0 = self._clocks()
@@ -240,7 +241,7 @@ class _Dispatcher(threading.Thread):
                 self.pending.extend(got)
                 continue
             self.reading = None
-            item = self.service._screen(self.pending.popleft(), self._read_into_staging)
+            item = self.service._screen(self.pending.popleft(), self._into)
             if item is not None:
                 return (*item, self.reading)
             if self.reading is not None:      # gone to the CPU (its bytes copied) or failed
@@ -297,8 +298,8 @@ class _Dispatcher(threading.Thread):
                 src.sync_to_device()
                 need = 3 * width * height if width <= device.max_width else 0
                 buf = task.buffer
-                out_addr = buf.slot_address(task.slot)
-                cap = buf.slot_bytes
+                base, cap = buf.device_address, buf.slot_bytes
+                out_addr = None if base is None else base + task.slot * cap
                 if out_addr is None or need > cap:
                     # The image is larger than a slot (it goes to the batch buffer's spill
                     # area), or the slot is not device memory (a buffer of the dispatcher's).
