@@ -79,10 +79,12 @@ def decoder_ip_class():
             bindto = [VLNV]
 
             def decoder(self) -> DecoderDevice:
-                """A started :class:`DecoderDevice` over this IP."""
-                device = DecoderDevice(PynqTransport(self))
-                device.start()
-                return device
+                """The started :class:`DecoderDevice` over this IP (one per IP: the
+                driver keeps the job staging registers' last values)."""
+                if getattr(self, "_decoder", None) is None:
+                    self._decoder = DecoderDevice(PynqTransport(self))
+                    self._decoder.start()
+                return self._decoder
 
         _ip_class = DecoderIP
     return _ip_class
@@ -107,11 +109,12 @@ class _PynqBuffer:
         self.device_address = int(buffer.device_address)
         self.size = buffer.nbytes
 
-    def sync_to_device(self) -> None:
-        self.buffer.flush()
+    def sync_to_device(self, nbytes: int | None = None, offset: int = 0) -> None:
+        # A slice of a PynqBuffer is a PynqBuffer of that range: only it is flushed.
+        (self.buffer if nbytes is None else self.buffer[offset:offset + nbytes]).flush()
 
-    def sync_from_device(self) -> None:
-        self.buffer.invalidate()
+    def sync_from_device(self, nbytes: int | None = None, offset: int = 0) -> None:
+        (self.buffer if nbytes is None else self.buffer[offset:offset + nbytes]).invalidate()
 
     def free(self) -> None:
         self.buffer.freebuffer()
@@ -178,11 +181,13 @@ class _XrtBuffer:
         self.array = np.frombuffer(bo.map(), dtype=np.uint8, count=size)
         self.device_address = int(bo.address())
 
-    def sync_to_device(self) -> None:
-        self.bo.sync(self._pyxrt.xclBOSyncDirection.XCL_BO_SYNC_BO_TO_DEVICE, self.size, 0)
+    def sync_to_device(self, nbytes: int | None = None, offset: int = 0) -> None:
+        self.bo.sync(self._pyxrt.xclBOSyncDirection.XCL_BO_SYNC_BO_TO_DEVICE,
+                     self.size - offset if nbytes is None else nbytes, offset)
 
-    def sync_from_device(self) -> None:
-        self.bo.sync(self._pyxrt.xclBOSyncDirection.XCL_BO_SYNC_BO_FROM_DEVICE, self.size, 0)
+    def sync_from_device(self, nbytes: int | None = None, offset: int = 0) -> None:
+        self.bo.sync(self._pyxrt.xclBOSyncDirection.XCL_BO_SYNC_BO_FROM_DEVICE,
+                     self.size - offset if nbytes is None else nbytes, offset)
 
     def free(self) -> None:
         self.array = None

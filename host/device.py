@@ -5,8 +5,10 @@ differs: the simulated device (:class:`dlbooster.sim.device.SimTransport`) and t
 boards' pynq/XRT transports. A transport provides
 
 - ``read32(offset)`` / ``write32(offset, value)``: 32-bit register access (MMIO);
-- ``allocate(size, writable=True)``: a buffer with ``device_address``, a uint8 numpy
-  ``array`` view and ``sync_to_device()`` / ``sync_from_device()`` / ``free()``;
+- ``allocate(size, writable=True)``: a buffer with ``device_address``, ``size``, a uint8
+  numpy ``array`` view and ``sync_to_device(nbytes=None, offset=0)`` /
+  ``sync_from_device(nbytes=None, offset=0)`` (the whole buffer, or ``nbytes`` from
+  ``offset``) / ``free()``;
 - ``wait(max_clocks)``: block until the device's interrupt is raised (True) or give up
   (False); ``reset()``.
 
@@ -76,7 +78,9 @@ class JobOutcome:
 
 
 class DecoderDevice:
-    """Drives one decoder device through a transport (see the module docstring).
+    """Drives one decoder device through a transport (see the module docstring). A
+    transport has one driver: it remembers what it last wrote to the job staging
+    registers and writes only what changes.
 
     Raises:
         DeviceError: the ID register does not hold :data:`~dlbooster.hw.regs.MAGIC`.
@@ -88,6 +92,11 @@ class DecoderDevice:
 
     def _configure(self) -> None:
         t = self.transport
+        # The JOB_* staging registers keep their values after JOB_PUSH (plain registers,
+        # cleared by reset), so a job writes only the fields that differ from the last
+        # job's: the address high words and often the capacity repeat (issue 7). Hence
+        # one DecoderDevice per transport.
+        self._staged = [None] * len(_JOB_FIELDS)
         ident = t.read32(Reg.ID)
         if ident != MAGIC:
             raise DeviceError(f"not a dlbooster decoder (ID register 0x{ident:08x})")
@@ -98,10 +107,6 @@ class DecoderDevice:
         self.done_depth = (config >> 24) & 0xFF
         self.max_width = t.read32(Reg.MAX_WIDTH)
         self._free_slots = 0
-        # The JOB_* staging registers keep their values after JOB_PUSH (plain registers,
-        # cleared by reset), so a job writes only the fields that differ from the last
-        # job's: the address high words and often the capacity repeat (issue 7).
-        self._staged = [None] * len(_JOB_FIELDS)
         self.in_flight: set[int] = set()
         self._next_id = getattr(self, "_next_id", 0)   # job ids never repeat across batches
 

@@ -51,10 +51,10 @@ class _Buffer:
         self.transport, self.device_address, self.size = transport, address, size
         self.array = np.zeros(size, np.uint8)
 
-    def sync_to_device(self) -> None:
+    def sync_to_device(self, nbytes: int | None = None, offset: int = 0) -> None:
         """Nothing to do: host memory."""
 
-    def sync_from_device(self) -> None:
+    def sync_from_device(self, nbytes: int | None = None, offset: int = 0) -> None:
         """Nothing to do: host memory."""
 
     def free(self) -> None:

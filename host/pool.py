@@ -46,6 +46,8 @@ class BatchBuffer:
         copied: CUDA event recorded after the last host-to-device copy from ``host``,
             or None; the pool waits on it before the buffer is filled again.
         spills: the spill area's chunks, ``[transport buffer, bytes used]`` each.
+        spill_limit: the most bytes of chunks the spill area keeps (64 MiB): beyond it,
+            :meth:`spill` declines and the image takes the allocating path.
         slot_bytes: bytes per slot (``data.shape[1]``).
     """
 
@@ -60,6 +62,7 @@ class BatchBuffer:
     count: int = 0
     copied: object = None
     spills: list = field(default_factory=list)
+    spill_limit: int = 64 << 20
 
     def __post_init__(self):
         n, self.slot_bytes = self.data.shape     # plain attributes: read for every image
@@ -73,10 +76,11 @@ class BatchBuffer:
             return None
         return self.device_address + slot * self.slot_bytes
 
-    def spill(self, nbytes: int, allocate) -> SpillBuffer:
+    def spill(self, nbytes: int, allocate) -> SpillBuffer | None:
         """Room for one image larger than a slot, in device memory that stays with this
-        buffer until :meth:`clear` (page aligned; a chunk of at least 4 MiB is allocated
-        with ``allocate`` when the chunks so far are full, and kept for later batches).
+        buffer until :meth:`clear` (page aligned; when the chunks so far are full, a new
+        chunk of at least 4 MiB, in whole MiB, is allocated with ``allocate`` and kept for
+        later batches). None when that chunk would take the area past ``spill_limit``.
 
         Raises:
             MemoryError: ``allocate`` found no room.
@@ -84,11 +88,13 @@ class BatchBuffer:
         span = -(-nbytes // _PAGE) * _PAGE
         for chunk in self.spills:
             handle, used = chunk
-            if handle.size - used >= nbytes:
+            if handle.size - used >= span:
                 chunk[1] = used + span
                 return SpillBuffer(chunk, used, nbytes, span)
-        handle = allocate(max(4 << 20, 1 << (span - 1).bit_length()))
-        self.spills.append([handle, span])
+        size = max(4 << 20, -(-span // (1 << 20)) << 20)
+        if sum(handle.size for handle, _ in self.spills) + size > self.spill_limit:
+            return None
+        self.spills.append([allocate(size), span])
         return SpillBuffer(self.spills[-1], 0, nbytes, span)
 
     def clear(self) -> None:
@@ -112,8 +118,9 @@ class SpillBuffer:
         self.device_address = handle.device_address + offset
         self.array = handle.array[offset:offset + size]
 
-    def sync_from_device(self) -> None:
-        self.chunk[0].sync_from_device()
+    def sync_from_device(self, nbytes: int | None = None, offset: int = 0) -> None:
+        """Make the device's writes to ``nbytes`` bytes (all) from ``offset`` visible."""
+        self.chunk[0].sync_from_device(self.size if nbytes is None else nbytes, self.offset + offset)
 
     def free(self) -> None:
         """Give the room back when it is the chunk's last (rooms freed in reverse order

@@ -134,8 +134,10 @@ class _Dispatcher(threading.Thread):
         self.queue: queue.Queue = queue.Queue(maxsize=depth)
         self.limit = device.job_depth + device.lanes
         self.staging: list = []               # spare input staging buffers (transport memory)
-        self.outputs: list = []               # spare output buffers, for images larger than a slot
-        self.inflight: dict[int, tuple] = {}  # job id -> (task, data, src, dst)
+        self.outputs: list = []               # spare output buffers (host-memory slots)
+        self.spares = self.limit              # the most spare output buffers kept
+        self.allocated: dict[int, object] = {}   # id -> every staging/output buffer not freed (for close)
+        self.inflight: dict[int, tuple] = {}  # job id -> (task, data, src, dst, the job's output capacity)
         self.next_id = 0
         self.stopping = False
         self.pending: collections.deque = collections.deque()   # tasks taken, not yet read
@@ -163,33 +165,51 @@ class _Dispatcher(threading.Thread):
             if buf.size >= size:
                 return self.staging.pop(i)
         if self.staging:
-            self.staging.pop().free()         # grow: one spare (too small) goes
-        return self.device.transport.allocate(max(1 << 18, 1 << (size - 1).bit_length(), self.device.bus_bytes),
-                                              writable=False)
+            self._free(self.staging.pop())    # grow: one spare (too small) goes
+        return self._allocate(max(1 << 18, 1 << (size - 1).bit_length()), writable=False)
 
-    def _output(self, size: int):
-        """An output buffer of at least ``size`` bytes for an image its batch slot cannot
-        take: a spare, else a new one whose size is a power of two (at least 1 MiB).
+    def _allocate(self, size: int, writable: bool = True):
+        buf = self.device.transport.allocate(max(size, self.device.bus_bytes), writable=writable)
+        self.allocated[id(buf)] = buf
+        return buf
+
+    def _free(self, buf) -> None:
+        del self.allocated[id(buf)]
+        buf.free()
+
+    def _output(self, task: Task, need: int):
+        """The output buffer of an image its batch slot cannot take: room in the batch
+        buffer's spill area when the slots are device memory (else, or when the spill
+        area is at its limit, a buffer of the dispatcher's: a spare, else a new one whose
+        size is a power of two, at least 64 KiB).
 
         Raises:
             MemoryError: the transport's memory is exhausted.
         """
-        for i, buf in enumerate(self.outputs):
-            if buf.size >= size:
+        buf = task.buffer
+        if buf.device_address is not None:
+            try:
+                room = buf.spill(need, self.device.transport.allocate)
+            except MemoryError:
+                room = None                   # a smaller buffer of the dispatcher's may fit
+            if room is not None:
+                return room
+        for i, spare in enumerate(self.outputs):
+            if spare.size >= need:
                 return self.outputs.pop(i)
-        return self.device.transport.allocate(max(1 << 20, 1 << (size - 1).bit_length(), self.device.bus_bytes))
+        return self._allocate(max(1 << 16, 1 << (need - 1).bit_length()))
 
     def _spare_output(self, buf) -> None:
-        """Keep an output buffer no job uses now for the next large image (the two
-        largest are kept; allocating and clearing megabytes per image cost more than the
-        rest of its handling). Room in a batch buffer's spill area goes back to it."""
+        """Keep an output buffer no job uses now for the next image that needs one (up to
+        as many as jobs in flight; the smallest goes beyond that). Room in a batch
+        buffer's spill area goes back to it."""
         if isinstance(buf, SpillBuffer):
             buf.free()
             return
         self.outputs.append(buf)
-        if len(self.outputs) > 2:
+        if len(self.outputs) > self.spares:
             self.outputs.sort(key=lambda b: b.size)
-            self.outputs.pop(0).free()
+            self._free(self.outputs.pop(0))
 
     def _read_into_staging(self, size: int):
         """``into`` of :func:`~dlbooster.backends.read_file`: files are read straight
@@ -214,7 +234,7 @@ class _Dispatcher(threading.Thread):
                 self.current = None
             for task, data, *_ in self.backlog:
                 self.service._to_cpu(task, data, "device-fault", detail)
-            self.backlog.clear()
+            self.backlog.clear()                  # close() frees the staging buffers they held
             while self.pending:
                 self.service._to_cpu(self.pending.popleft(), None, "device-fault", detail)
             if not self.stopping:
@@ -259,12 +279,11 @@ class _Dispatcher(threading.Thread):
                     break
                 items.append(item)
             if items:
-                self.current = [item[:2] for item in items]
-                queued = self._submit(items)
+                rest = self._submit(items)
                 self.current = None
-                if queued < len(items):
+                if rest:
                     # Job FIFO full: the rest wait, in order, for a completion.
-                    self.backlog.extendleft(reversed(items[queued:]))
+                    self.backlog.extendleft(reversed(rest))
                     if not self.inflight:
                         refused += 1
                         if refused > 1000:
@@ -282,36 +301,45 @@ class _Dispatcher(threading.Thread):
                     self.service.stats.device_clocks[self.number] = self._clocks() - self.clocks0
                 self._complete_many(completions)
 
-    def _submit(self, items: list[tuple]) -> int:
-        """Stage items (:meth:`_next`) and queue their jobs in one register sequence;
-        returns how many the job FIFO took (the first ones). The others keep their
-        staging buffers (they go back to the backlog)."""
-        service = self.service
-        device = self.device
-        jobs, held = [], []
+    def _submit(self, items: list[tuple]) -> list[tuple]:
+        """Stage items (:meth:`_next`) and queue their jobs in one register sequence.
+        Returns the items the job FIFO did not take (the last ones, in order; they keep
+        their staging buffers and go back to the backlog). An item whose output buffer
+        finds no room in the device's memory goes to the CPU (reason ``device-memory``)."""
+        service, device = self.service, self.device
+        self.current = [item[:2] for item in items]   # the fault path's: not yet in flight
+        jobs, held, taken = [], [], []          # per job: its entry, its item
         try:
-            for task, data, width, height, src in items:
+            for item in items:
+                task, data, width, height, src = item
                 if src is None:
                     src = self._staging(len(data))
                     src.array[: len(data)] = np.frombuffer(data, np.uint8)
-                held.append((task, data, src, None))
-                src.sync_to_device()
                 need = 3 * width * height if width <= device.max_width else 0
                 buf = task.buffer
                 base, cap = buf.device_address, buf.slot_bytes
-                out_addr = None if base is None else base + task.slot * cap
-                if out_addr is None or need > cap:
-                    # The image is larger than a slot (it goes to the batch buffer's spill
-                    # area), or the slot is not device memory (a buffer of the dispatcher's).
-                    dst = buf.spill(need, device.transport.allocate) if out_addr is not None else self._output(need)
-                    held[-1] = (task, data, src, dst)
+                dst = None
+                if base is None or need > cap:
+                    # Larger than a slot, or the slot is not device memory.
+                    try:
+                        dst = self._output(task, need)
+                    except MemoryError as exc:
+                        self.current = [pair for pair in self.current if pair[0] is not task]
+                        service._to_cpu(task, data, "device-memory", f"no room for a {need}-byte output: {exc}")
+                        self.staging.append(src)      # after _to_cpu copied a view of it
+                        continue
                     out_addr, cap = dst.device_address, need
+                else:
+                    out_addr = base + task.slot * cap
+                held.append((task, data, src, dst, cap))
+                taken.append(item)
+                src.sync_to_device(len(data))
                 job = (self.next_id + len(jobs)) & 0xFFFFFFFF
                 jobs.append((job, src.device_address, len(data), out_addr, cap))
         except BaseException:
-            # Nothing is queued yet: the buffers go back, the fault path sends the items
-            # (self.current) to the CPU.
-            for _, _, src, dst in reversed(held):
+            # Nothing is queued yet: the buffers go back (spill rooms in reverse, so all
+            # of them), the fault path sends the items (self.current) to the CPU.
+            for _, _, src, dst, _ in reversed(held):
                 self.staging.append(src)
                 if dst is not None:
                     self._spare_output(dst)
@@ -327,10 +355,9 @@ class _Dispatcher(threading.Thread):
             for (job, *_), entry in zip(jobs[:queued], held):
                 self.inflight[job] = entry
             self.next_id = (self.next_id + queued) & 0xFFFFFFFF
-            self.current = [(task, data) for task, data, _, _ in held[queued:]] or None
-        # In reverse, so the spill rooms they took all go back.
-        for (_, _, _, _, own), (_, _, src, dst) in reversed(list(zip(items[queued:], held[queued:]))):
-            if own is None:
+            self.current = [(task, data) for task, data, *_ in held[queued:]] or None
+        for item, (_, _, src, dst, _) in reversed(list(zip(taken[queued:], held[queued:]))):
+            if item[4] is None:               # staged from bytes here: the item keeps its bytes
                 self.staging.append(src)
             if dst is not None:
                 self._spare_output(dst)
@@ -340,7 +367,7 @@ class _Dispatcher(threading.Thread):
                 self.started[job] = now
         with service._lock:
             service.stats.jobs += queued
-        return queued
+        return taken[queued:]
 
     def _complete_many(self, completions) -> None:
         """Handle a batch of completions; the decoded ones are finished together (one
@@ -366,7 +393,7 @@ class _Dispatcher(threading.Thread):
         entry = self.inflight.pop(done.job_id, None)
         if entry is None:
             return None
-        task, data, src, dst = entry
+        task, data, src, dst, cap = entry
         self.current = [(task, data)]
         self.staging.append(src)
         service = self.service
@@ -386,8 +413,7 @@ class _Dispatcher(threading.Thread):
             self.current = None
             service._to_cpu(task, data, done.reason, f"device status 0x{done.status:02x}", extra)
             return None
-        if done.bytes_written != 3 * done.width * done.height or done.bytes_written > (
-                task.buffer.slot_bytes if dst is None else dst.size):
+        if done.bytes_written != 3 * done.width * done.height or done.bytes_written > cap:
             # A completion whose figures disagree: its pixels cannot be trusted.
             if dst is not None:
                 self._spare_output(dst)
@@ -399,12 +425,12 @@ class _Dispatcher(threading.Thread):
         buf.sizes[task.slot] = (done.height, done.width)
         if isinstance(dst, SpillBuffer):
             # In the batch buffer's spill area the image stays where the device wrote it.
-            dst.sync_from_device()
-            service._place(task, dst.array[: 3 * done.width * done.height].reshape(done.height, done.width, 3))
+            dst.sync_from_device(done.bytes_written)
+            service._place(task, dst.array[: done.bytes_written].reshape(done.height, done.width, 3))
         elif dst is not None:
             try:
-                dst.sync_from_device()
-                image = dst.array[: 3 * done.width * done.height].reshape(done.height, done.width, 3)
+                dst.sync_from_device(done.bytes_written)
+                image = dst.array[: done.bytes_written].reshape(done.height, done.width, 3)
                 service._place(task, image.copy())
             finally:
                 self._spare_output(dst)
@@ -421,7 +447,7 @@ class _Dispatcher(threading.Thread):
             self.device.reset()
         except Exception as exc:  # the device may be gone entirely
             log.error("device %d reset failed: %s", self.number, exc)
-        for task, data, src, dst in held:
+        for task, data, src, dst, _ in held:
             self.staging.append(src)
             if dst is not None:
                 self._spare_output(dst)
@@ -436,8 +462,9 @@ class _Dispatcher(threading.Thread):
     def close(self) -> None:
         self.queue.put(_STOP)
         self.join()
-        for buf in self.staging + self.outputs:
+        for buf in self.allocated.values():   # spares, and any a fault left with an item
             buf.free()
+        self.allocated.clear()
         self.staging.clear()
         self.outputs.clear()
 

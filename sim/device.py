@@ -130,10 +130,10 @@ class SimBuffer:
     def __init__(self, transport: SimTransport, address: int, size: int, array: np.ndarray):
         self.transport, self.device_address, self.size, self.array = transport, address, size, array
 
-    def sync_to_device(self) -> None:
+    def sync_to_device(self, nbytes: int | None = None, offset: int = 0) -> None:
         """Nothing to do: the simulated device reads the host's bytes directly."""
 
-    def sync_from_device(self) -> None:
+    def sync_from_device(self, nbytes: int | None = None, offset: int = 0) -> None:
         """Nothing to do: the device's writes are already in ``array``."""
 
     def free(self) -> None:

@@ -57,7 +57,7 @@ import json
 import os
 import random
 from collections import Counter
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 
 import cocotb
@@ -424,7 +424,7 @@ def _job_file() -> dict:
 def _report(test: str, completions: list[Completion]) -> None:
     path = Path(os.environ["DLB_OUT"])
     report = json.loads(path.read_text()) if path.exists() else {}
-    report[test] = [asdict(c) for c in completions]
+    report[test] = [c._asdict() for c in completions]
     path.write_text(json.dumps(report, indent=1))
 
 

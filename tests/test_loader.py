@@ -862,6 +862,9 @@ def test_instant_faults_mid_batch_lose_nothing_and_reset_before_freeing(tmp_path
     assert set(outcomes.values()) == {("fallback", "device-fault")}
     assert events.index(("free", pushes[0])) > events.index(("reset",))
     service.close()
+    (buf,) = pool.buffers
+    assert set(t._buffers) == {buf.handle.device_address} | {h.device_address for h, _ in buf.spills}, \
+        "the dead dispatcher's staging buffers are freed on close"
     pool.close()
 
     # Host memory slots: each job larger than a slot gets an output buffer of the dispatcher's.
@@ -877,6 +880,7 @@ def test_instant_faults_mid_batch_lose_nothing_and_reset_before_freeing(tmp_path
         free(buf)
 
     t._free = faulty_free
+    service._dispatchers[0].spares = 0        # no spare output buffers: each refused job's is freed
     assert set(_run_once_each(paths, service, pool).values()) == {("fallback", "device-fault")}
     assert failed
     service.close()
@@ -960,7 +964,55 @@ def test_spill_rooms_come_back_in_reverse_order_and_on_clear():
     b.free()
     a.free()
     assert buf.spills[0][1] == 0
-    big = buf.spill(5 << 20, Handle)           # larger than the chunk: a second, larger chunk
-    assert len(buf.spills) == 2 and buf.spills[1][0].size == 8 << 20 and big.array.size == 5 << 20
+    big = buf.spill((5 << 20) - 1000, Handle)  # larger than the chunk: a second one, in whole MiB
+    assert len(buf.spills) == 2 and buf.spills[1][0].size == 5 << 20 and big.array.size == (5 << 20) - 1000
     buf.clear()
     assert [used for _, used in buf.spills] == [0, 0]
+    buf.spill_limit = 12 << 20                 # 9 MiB held: a third chunk of 4 MiB would pass it
+    assert buf.spill(4 << 20, Handle).offset == 0 and buf.spills[0][1] == 4 << 20
+    assert buf.spill(5 << 20, Handle).offset == 0 and len(buf.spills) == 2
+    assert buf.spill(4 << 20, Handle) is None and len(buf.spills) == 2
+
+
+@pytest.mark.parametrize("device_memory", [True, False], ids=["spill", "host_slots"])
+def test_instant_completion_claiming_more_than_the_output_capacity_goes_to_the_cpu(tmp_path, device_memory):
+    """A completion whose size and byte count agree but exceed the capacity the job was
+    given (its output buffer may be larger: a spare, a spill chunk) is a device fault."""
+    paths, t, service, pool = _instant_service(tmp_path, 4, 32, 16 * 16, device_memory=device_memory)
+    run_job = t._run_job
+
+    def one_row_more(staged):
+        run_job(staged)
+        job, status, size, written, clocks, symbols = t._done[-1]
+        w, h = size & 0xFFFF, size >> 16
+        t._done[-1] = (job, status, w | (h + 1) << 16, written + 3 * w, clocks, symbols)
+
+    t._run_job = one_row_more
+    try:
+        assert set(_run_once_each(paths, service, pool).values()) == {("fallback", "device-fault")}
+    finally:
+        service.close()
+        pool.close()
+
+
+@pytest.mark.parametrize("device_memory", [True, False], ids=["spill", "host_slots"])
+def test_no_device_memory_for_an_output_sends_that_image_to_the_cpu(tmp_path, device_memory):
+    """When the device's memory has no room for an image's output buffer, that image is
+    decoded on the CPU (reason ``device-memory``) and the device stays in service."""
+    paths, t, service, pool = _instant_service(tmp_path, 6, 40, 16 * 16, device_memory=device_memory)
+    allocate, full = t.allocate, [True]
+
+    def allocate_outputs_when_room(size, *, writable=True):
+        if writable and full[0]:
+            raise MemoryError("device memory full")
+        return allocate(size, writable=writable)
+
+    t.allocate = allocate_outputs_when_room
+    try:
+        assert set(_run_once_each(paths, service, pool).values()) == {("fallback", "device-memory")}
+        pool.release(pool.buffers[0])
+        full[0] = False
+        assert set(_run_once_each(paths, service, pool).values()) == {("ok", None)}
+    finally:
+        service.close()
+        pool.close()
