@@ -46,7 +46,7 @@ class BatchBuffer:
         copied: CUDA event recorded after the last host-to-device copy from ``host``,
             or None; the pool waits on it before the buffer is filled again.
         spills: the spill area's chunks, ``[transport buffer, bytes used]`` each.
-        spill_limit: the most bytes of chunks the spill area keeps (64 MiB): beyond it,
+        spill_limit: the most bytes of chunks the spill area keeps (16 MiB): beyond it,
             :meth:`spill` declines and the image takes the allocating path.
         slot_bytes: bytes per slot (``data.shape[1]``).
     """
@@ -62,7 +62,7 @@ class BatchBuffer:
     count: int = 0
     copied: object = None
     spills: list = field(default_factory=list)
-    spill_limit: int = 64 << 20
+    spill_limit: int = 16 << 20
 
     def __post_init__(self):
         n, self.slot_bytes = self.data.shape     # plain attributes: read for every image
@@ -79,7 +79,7 @@ class BatchBuffer:
     def spill(self, nbytes: int, allocate) -> SpillBuffer | None:
         """Room for one image larger than a slot, in device memory that stays with this
         buffer until :meth:`clear` (page aligned; when the chunks so far are full, a new
-        chunk of at least 4 MiB, in whole MiB, is allocated with ``allocate`` and kept for
+        chunk of at least 8 MiB, in whole MiB, is allocated with ``allocate`` and kept for
         later batches). None when that chunk would take the area past ``spill_limit``.
 
         Raises:
@@ -91,7 +91,7 @@ class BatchBuffer:
             if handle.size - used >= span:
                 chunk[1] = used + span
                 return SpillBuffer(chunk, used, nbytes, span)
-        size = max(4 << 20, -(-span // (1 << 20)) << 20)
+        size = max(8 << 20, -(-span // (1 << 20)) << 20)
         if sum(handle.size for handle, _ in self.spills) + size > self.spill_limit:
             return None
         self.spills.append([allocate(size), span])
@@ -139,13 +139,15 @@ class BatchPool:
         allocate: ``allocate(nbytes)`` returning a transport buffer (``array``,
             ``device_address``, ``free()``) for device-visible memory; None for host memory.
         pin: pin host memory (default: when CUDA is available).
+        spill_limit: bytes each buffer's spill area may keep (device memory only; see
+            :meth:`BatchBuffer.spill`).
 
     Raises:
         ValueError: non-positive sizes.
     """
 
     def __init__(self, batch_size: int, slot_bytes: int, depth: int = 3, *, allocate=None,
-                 pin: bool | None = None):
+                 pin: bool | None = None, spill_limit: int = 16 << 20):
         if batch_size < 1 or slot_bytes < 3 or depth < 1:
             raise ValueError(f"bad pool geometry: batch_size={batch_size}, slot_bytes={slot_bytes}, depth={depth}")
         self.batch_size, self.slot_bytes, self.depth = batch_size, slot_bytes, depth
@@ -171,6 +173,7 @@ class BatchPool:
                 buf = BatchBuffer(host.numpy(), host)
             else:
                 buf = BatchBuffer(np.empty((batch_size, slot_bytes), np.uint8))
+            buf.spill_limit = spill_limit
             self.buffers.append(buf)
         self._free: queue.Queue[BatchBuffer] = queue.Queue()
         for buf in self.buffers:

@@ -197,7 +197,15 @@ class _Dispatcher(threading.Thread):
         for i, spare in enumerate(self.outputs):
             if spare.size >= need:
                 return self.outputs.pop(i)
-        return self._allocate(max(1 << 16, 1 << (need - 1).bit_length()))
+        try:
+            return self._allocate(max(1 << 16, 1 << (need - 1).bit_length()))
+        except MemoryError:
+            # Give the spares back to the device's memory and try once more.
+            for spare in self.outputs + self.staging:
+                self._free(spare)
+            self.outputs.clear()
+            self.staging.clear()
+            return self._allocate(max(need, 1))
 
     def _spare_output(self, buf) -> None:
         """Keep an output buffer no job uses now for the next image that needs one (up to

@@ -938,7 +938,7 @@ def test_images_larger_than_a_slot_go_to_the_spill_area_without_allocating(tmp_p
                 assert np.shares_memory(buf.oversize[i], buf.spills[0][0].array)
             if round_ == 0:
                 # The spill chunk, and the staging buffers the inputs are read into.
-                assert sorted(sizes) == [1 << 18] * (len(sizes) - 1) + [4 << 20], sizes
+                assert sorted(sizes) == [1 << 18] * (len(sizes) - 1) + [8 << 20], sizes
                 sizes.clear()
             pool.release(buf)
         assert sizes == [], "no allocation after the first batch"
@@ -958,19 +958,19 @@ def test_spill_rooms_come_back_in_reverse_order_and_on_clear():
     a = buf.spill(5000, Handle)                # two pages
     b = buf.spill(100, Handle)
     assert (a.device_address, b.device_address, a.size, b.size) == (1 << 32, (1 << 32) + 8192, 5000, 100)
-    assert len(buf.spills) == 1 and buf.spills[0][0].size == 4 << 20 and buf.spills[0][1] == 3 * 4096
+    assert len(buf.spills) == 1 and buf.spills[0][0].size == 8 << 20 and buf.spills[0][1] == 3 * 4096
     a.free()                                   # not the last room: kept until clear
     assert buf.spills[0][1] == 3 * 4096
     b.free()
     a.free()
     assert buf.spills[0][1] == 0
-    big = buf.spill((5 << 20) - 1000, Handle)  # larger than the chunk: a second one, in whole MiB
-    assert len(buf.spills) == 2 and buf.spills[1][0].size == 5 << 20 and big.array.size == (5 << 20) - 1000
+    big = buf.spill((9 << 20) - 1000, Handle)  # larger than the chunk: a second one, in whole MiB
+    assert len(buf.spills) == 2 and buf.spills[1][0].size == 9 << 20 and big.array.size == (9 << 20) - 1000
     buf.clear()
     assert [used for _, used in buf.spills] == [0, 0]
-    buf.spill_limit = 12 << 20                 # 9 MiB held: a third chunk of 4 MiB would pass it
-    assert buf.spill(4 << 20, Handle).offset == 0 and buf.spills[0][1] == 4 << 20
-    assert buf.spill(5 << 20, Handle).offset == 0 and len(buf.spills) == 2
+    buf.spill_limit = 20 << 20                 # 17 MiB held: a third chunk of 8 MiB would pass it
+    assert buf.spill(8 << 20, Handle).offset == 0 and buf.spills[0][1] == 8 << 20
+    assert buf.spill(9 << 20, Handle).offset == 0 and len(buf.spills) == 2
     assert buf.spill(4 << 20, Handle) is None and len(buf.spills) == 2
 
 
