@@ -955,6 +955,8 @@ def test_spill_rooms_come_back_in_reverse_order_and_on_clear():
             self.size, self.device_address, self.array = size, 1 << 32, np.zeros(size, np.uint8)
 
     buf = BatchBuffer(np.zeros((2, 12), np.uint8))
+    assert buf.spill_limit == 16 << 20
+    buf.spill_limit = 64 << 20
     a = buf.spill(5000, Handle)                # two pages
     b = buf.spill(100, Handle)
     assert (a.device_address, b.device_address, a.size, b.size) == (1 << 32, (1 << 32) + 8192, 5000, 100)
