@@ -140,14 +140,15 @@ class BatchPool:
             ``device_address``, ``free()``) for device-visible memory; None for host memory.
         pin: pin host memory (default: when CUDA is available).
         spill_limit: bytes each buffer's spill area may keep (device memory only; see
-            :meth:`BatchBuffer.spill`).
+            :meth:`BatchBuffer.spill`); default: an eighth of the buffer's slot memory,
+            at least 16 MiB.
 
     Raises:
         ValueError: non-positive sizes.
     """
 
     def __init__(self, batch_size: int, slot_bytes: int, depth: int = 3, *, allocate=None,
-                 pin: bool | None = None, spill_limit: int = 16 << 20):
+                 pin: bool | None = None, spill_limit: int | None = None):
         if batch_size < 1 or slot_bytes < 3 or depth < 1:
             raise ValueError(f"bad pool geometry: batch_size={batch_size}, slot_bytes={slot_bytes}, depth={depth}")
         self.batch_size, self.slot_bytes, self.depth = batch_size, slot_bytes, depth
@@ -173,7 +174,7 @@ class BatchPool:
                 buf = BatchBuffer(host.numpy(), host)
             else:
                 buf = BatchBuffer(np.empty((batch_size, slot_bytes), np.uint8))
-            buf.spill_limit = spill_limit
+            buf.spill_limit = max(16 << 20, nbytes // 8) if spill_limit is None else spill_limit
             self.buffers.append(buf)
         self._free: queue.Queue[BatchBuffer] = queue.Queue()
         for buf in self.buffers:

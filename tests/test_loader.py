@@ -948,7 +948,12 @@ def test_images_larger_than_a_slot_go_to_the_spill_area_without_allocating(tmp_p
 
 
 def test_spill_rooms_come_back_in_reverse_order_and_on_clear():
-    from dlbooster.pool import BatchBuffer
+    from dlbooster.pool import BatchBuffer, BatchPool
+
+    # The pool's default limit: an eighth of a buffer's slot memory, at least 16 MiB.
+    assert [b.spill_limit for b in BatchPool(64, 3 << 20, 2, pin=False).buffers] == [24 << 20] * 2
+    assert BatchPool(4, 300, 1, pin=False).buffers[0].spill_limit == 16 << 20
+    assert BatchPool(4, 300, 1, pin=False, spill_limit=5).buffers[0].spill_limit == 5
 
     class Handle:
         def __init__(self, size):
