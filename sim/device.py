@@ -26,18 +26,14 @@ from pathlib import Path
 
 import numpy as np
 
-from .flow import _locked, cache_root, export_flat_verilog, toolchain_env
+from .flow import VERILATOR_FLAGS, _locked, cache_root, export_flat_verilog, toolchain_env
 
 __all__ = ["SimTransport", "SimBuffer", "build_device_library", "PortBehaviour"]
 
 _CPP = Path(__file__).parent / "cpp" / "device_lib.cpp"
 TOP = "dlbooster_decoder"
 PAGE = 4096
-# --no-assert: Verilator checks every Yosys ``$pmux`` (written as a ``parallel_case``) for
-# a one-hot select at run time, 14 % of the device's simulation time; the cocotb runs
-# (dlbooster.sim.flow) keep those checks.
-_FLAGS = ["--cc", "--exe", "--build", "-j", "2", "-O3", "--x-assign", "fast", "--x-initial", "fast",
-          "--no-assert", "-Wno-fatal", "--top-module", TOP, "-CFLAGS", "-O2 -fPIC", "-LDFLAGS", "-shared"]
+_FLAGS = [*VERILATOR_FLAGS, "--top-module", TOP, "-CFLAGS", "-O2 -fPIC", "-LDFLAGS", "-shared"]
 
 
 def _source_key(params: dict) -> str:

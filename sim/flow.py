@@ -26,6 +26,14 @@ __all__ = ["cache_root", "toolchain_env", "export_verilog", "export_flat_verilog
            "run_cocotb", "lint_verilog"]
 
 
+#: Verilator flags of the C++ harnesses (the simulated device, the lane and core
+#: harnesses), before ``--top-module`` and the C++ flags. ``--no-assert``: Verilator
+#: checks every Yosys ``$pmux`` (written as a ``parallel_case``) for a one-hot select at
+#: run time, 14 % of the device's simulation time; the cocotb runs keep those checks.
+VERILATOR_FLAGS = ("--cc", "--exe", "--build", "-j", "2", "-O3", "--x-assign", "fast", "--x-initial", "fast",
+                   "--no-assert", "-Wno-fatal")
+
+
 def cache_root() -> Path:
     """Root of dlbooster's build cache (``$DLBOOSTER_CACHE`` or ``~/.cache/dlbooster``)."""
     root = Path(os.environ.get("DLBOOSTER_CACHE", Path.home() / ".cache" / "dlbooster"))

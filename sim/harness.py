@@ -18,7 +18,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .flow import _locked, cache_root, export_flat_verilog, toolchain_env
+from .flow import VERILATOR_FLAGS, _locked, cache_root, export_flat_verilog, toolchain_env
 
 __all__ = ["EntropyHarness", "HarnessResult", "IdctHarness", "IdctResult", "blocks_from_beats",
            "build_chain_harness", "build_entropy_harness", "build_idct_harness", "pack",
@@ -36,9 +36,7 @@ def _build_harness(component, top: str, cpp: Path, exe_name: str, cflags: str = 
     toolchain_env()
     verilog = export_flat_verilog(component, top)
     source = cpp.read_text() + (cpp.parent / "harness.h").read_text()
-    # --no-assert: as for the simulated device (dlbooster.sim.device).
-    cmd_flags = ["--cc", "--exe", "--build", "-j", "2", "-O3", "--x-assign", "fast", "--x-initial",
-                 "fast", "--no-assert", "-Wno-fatal", "--top-module", top, "-CFLAGS", f"-O2 {cflags}".strip()]
+    cmd_flags = [*VERILATOR_FLAGS, "--top-module", top, "-CFLAGS", f"-O2 {cflags}".strip()]
     version = subprocess.run(["verilator", "--version"], capture_output=True, text=True).stdout
     digest = hashlib.sha256("\0".join([verilog, source, version, *cmd_flags]).encode()).hexdigest()[:16]
     build_dir = cache_root() / "harness" / f"{exe_name}-{digest}"
