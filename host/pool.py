@@ -70,12 +70,6 @@ class BatchBuffer:
         self.labels = np.zeros(n, np.int64)
         self.indices = np.zeros(n, np.int64)
 
-    def slot_address(self, slot: int) -> int | None:
-        """Device address of slot ``slot`` (None for host-only memory)."""
-        if self.device_address is None:
-            return None
-        return self.device_address + slot * self.slot_bytes
-
     def spill(self, nbytes: int, allocate) -> SpillBuffer | None:
         """Room for one image larger than a slot, in device memory that stays with this
         buffer until :meth:`clear` (page aligned; when the chunks so far are full, a new

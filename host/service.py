@@ -15,7 +15,8 @@ One :class:`DecodeService` serves a loader. Each submitted :class:`Task` names a
    buffer when the pool's memory is the transport's), and collects completions out of
    order by job id;
 3. sends every job the device declines (a non-zero status) or loses (a device fault,
-   after which the device is reset) to the CPU pool, whose result is identical
+   after which the device is reset), and every input the device's memory has no room
+   for (reason ``device-memory``), to the CPU pool, whose result is identical
    (Pillow's, SPEC.md section 1).
 
 Every task ends in exactly one call of its ``done(task, outcome)`` with an
@@ -320,25 +321,27 @@ class _Dispatcher(threading.Thread):
         try:
             for item in items:
                 task, data, width, height, src = item
-                if src is None:
-                    src = self._staging(len(data))
-                    src.array[: len(data)] = np.frombuffer(data, np.uint8)
                 need = 3 * width * height if width <= device.max_width else 0
                 buf = task.buffer
                 base, cap = buf.device_address, buf.slot_bytes
                 dst = None
-                if base is None or need > cap:
-                    # Larger than a slot, or the slot is not device memory.
-                    try:
+                try:
+                    if src is None:
+                        src = self._staging(len(data))
+                        src.array[: len(data)] = np.frombuffer(data, np.uint8)
+                    if base is None or need > cap:
+                        # Larger than a slot, or the slot is not device memory.
                         dst = self._output(task, need)
-                    except MemoryError as exc:
-                        self.current = [pair for pair in self.current if pair[0] is not task]
-                        service._to_cpu(task, data, "device-memory", f"no room for a {need}-byte output: {exc}")
+                except MemoryError as exc:
+                    self.current = [pair for pair in self.current if pair[0] is not task]
+                    service._to_cpu(task, data, "device-memory", f"no room in the device's memory: {exc}")
+                    if src is not None:
                         self.staging.append(src)      # after _to_cpu copied a view of it
-                        continue
-                    out_addr, cap = dst.device_address, need
-                else:
+                    continue
+                if dst is None:
                     out_addr = base + task.slot * cap
+                else:
+                    out_addr, cap = dst.device_address, need
                 held.append((task, data, src, dst, cap))
                 taken.append(item)
                 src.sync_to_device(len(data))

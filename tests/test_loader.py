@@ -654,13 +654,19 @@ def test_a_new_iteration_ends_a_suspended_one(tiny_source):
 
 @needs_verilator
 def test_sim_dispatcher_death_loses_nothing(sim, sim_source, monkeypatch):
-    """Device memory runs out (the transport's allocate raises): the dispatcher dies with
-    a job in hand; that job and every later one are decoded on the CPU."""
-    with _sim_loader(sim_source, sim) as loader:
-        def exhausted(size, writable=True):
-            raise MemoryError("device memory exhausted")
+    """A bus error on queuing a job: the dispatcher dies with jobs in hand; they and
+    every later one are decoded on the CPU."""
+    from dlbooster.hw.regs import Reg
 
-        monkeypatch.setattr(sim.device.transport, "allocate", exhausted)
+    with _sim_loader(sim_source, sim) as loader:
+        write32 = sim.device.transport.write32
+
+        def bus_error_on_push(offset, value):
+            if offset == Reg.JOB_PUSH:
+                raise OSError("bus error")
+            write32(offset, value)
+
+        monkeypatch.setattr(sim.device.transport, "write32", bus_error_on_push)
         batches = drain(loader)
         assert check_batches(loader, batches) == list(range(8))
         fallbacks = [o for b in batches for o in b.outcomes if o.status == "fallback"]
@@ -668,6 +674,23 @@ def test_sim_dispatcher_death_loses_nothing(sim, sim_source, monkeypatch):
         assert {o.reason for o in fallbacks} == {"device-fault"}
         assert loader.report.accounted == loader.report.positions == 9
         assert loader.service._outstanding == 0
+
+
+@needs_verilator
+def test_sim_device_memory_exhausted_sends_images_to_the_cpu(sim, sim_source, monkeypatch):
+    """Device memory runs out (the transport's allocate raises): each image the device
+    would take is decoded on the CPU, reason ``device-memory``; the device stays up."""
+    with _sim_loader(sim_source, sim) as loader:
+        def exhausted(size, writable=True):
+            raise MemoryError("device memory exhausted")
+
+        monkeypatch.setattr(sim.device.transport, "allocate", exhausted)
+        batches = drain(loader)
+        assert check_batches(loader, batches) == list(range(8))
+        fallbacks = {o.index: o.reason for b in batches for o in b.outcomes if o.status == "fallback"}
+        assert fallbacks == {i: "device-memory" for i in range(8)}   # the progressive one too: the device judges it
+        assert loader.report.accounted == loader.report.positions == 9
+        assert all(d.is_alive() for d in loader.service._dispatchers)
 
 
 def test_closed_loader_raises(tiny_source):
