@@ -142,6 +142,19 @@ class PynqTransport:
     def write32(self, offset: int, value: int) -> None:
         self.ip.write(offset, value & 0xFFFFFFFF)
 
+    def read_block(self, offset: int, count: int) -> list[int]:
+        """``count`` consecutive registers: on a memory-mapped device (Zynq) one slice of
+        the MMIO's register array, whose ``tolist`` loads each 32-bit word once, in
+        order, as ``MMIO.read`` does one; else one read each."""
+        array = self.ip.mmio.array
+        if isinstance(array, np.ndarray):
+            return array[offset >> 2:(offset >> 2) + count].tolist()
+        return [self.read32(offset + 4 * i) for i in range(count)]
+
+    def write_block(self, offset: int, values) -> None:
+        """Consecutive registers in one ``MMIO.write`` of bytes (pynq stores them word by word)."""
+        self.ip.mmio.write(offset, np.asarray(values, "<u4").tobytes())
+
     def allocate(self, size: int, *, writable: bool = True) -> _PynqBuffer:
         pynq = _pynq()
         options = {"target": self.target} if self.target is not None else {}

@@ -5,6 +5,13 @@ differs: the simulated device (:class:`dlbooster.sim.device.SimTransport`) and t
 boards' pynq/XRT transports. A transport provides
 
 - ``read32(offset)`` / ``write32(offset, value)``: 32-bit register access (MMIO);
+- optionally ``read_block(offset, count)`` / ``write_block(offset, values)``: ``count``
+  consecutive registers from ``offset``, each read once with a 32-bit access (a sequence
+  of ints), and consecutive side-effect-free registers written in any order, each
+  transport's one call where it has one (pynq's MMIO array and bytes write, the instant
+  device). With them a job costs one block write and ``JOB_PUSH``, a completion one
+  block read and ``DONE_POP`` (issue 7); without them the driver makes one call per
+  register;
 - ``allocate(size, writable=True)``: a buffer with ``device_address``, ``size``, a uint8
   numpy ``array`` view and ``sync_to_device(nbytes=None, offset=0)`` /
   ``sync_from_device(nbytes=None, offset=0)`` (the whole buffer, or ``nbytes`` from
@@ -34,6 +41,9 @@ _JOB_FIELDS = tuple(int(r) for r in (Reg.JOB_IN_ADDR_LO, Reg.JOB_IN_ADDR_HI, Reg
 _JOB_PUSH, _DONE_COUNT, _DONE_POP = int(Reg.JOB_PUSH), int(Reg.DONE_COUNT), int(Reg.DONE_POP)
 _DONE_STATUS, _DONE_SIZE, _DONE_ID = int(Reg.DONE_STATUS), int(Reg.DONE_SIZE), int(Reg.DONE_ID)
 _DONE_BYTES, _DONE_CLOCKS, _DONE_SYMBOLS = int(Reg.DONE_BYTES), int(Reg.DONE_CLOCKS), int(Reg.DONE_SYMBOLS)
+_JOB_BLOCK = _JOB_FIELDS[0]
+# DONE_COUNT, DONE_POP (reads 0), then the head completion's six registers.
+_DONE_BLOCK, _DONE_WORDS = int(Reg.DONE_COUNT), (int(Reg.DONE_SYMBOLS) - int(Reg.DONE_COUNT)) // 4 + 1
 
 
 class DeviceError(RuntimeError):
@@ -88,6 +98,7 @@ class DecoderDevice:
 
     def __init__(self, transport):
         self.transport = transport
+        self._blocks = hasattr(transport, "read_block") and hasattr(transport, "write_block")
         self._configure()
 
     def _configure(self) -> None:
@@ -174,14 +185,18 @@ class DecoderDevice:
         if not queued:
             return 0
         write, staged = self.transport.write32, self._staged
+        block = self.transport.write_block if self._blocks else None
         for job_id, in_addr, in_len, out_addr, out_cap in queued:
             values = (in_addr & 0xFFFFFFFF, in_addr >> 32 & 0xFFFFFFFF, in_len, out_addr & 0xFFFFFFFF,
                       out_addr >> 32 & 0xFFFFFFFF, out_cap, job_id & 0xFFFFFFFF)
-            for i, value in enumerate(values):
-                if staged[i] != value:
-                    staged[i] = None          # unknown if the write raises
-                    write(_JOB_FIELDS[i], value)
-                    staged[i] = value
+            if block is not None:
+                block(_JOB_BLOCK, values)     # one call costs less than the changed fields' writes
+            else:
+                for i, value in enumerate(values):
+                    if staged[i] != value:
+                        staged[i] = None      # unknown if the write raises
+                        write(_JOB_FIELDS[i], value)
+                        staged[i] = value
             write(_JOB_PUSH, 1)
         self._free_slots -= len(queued)
         self.in_flight.update(job[0] for job in queued)
@@ -189,11 +204,25 @@ class DecoderDevice:
 
     def poll(self) -> list[Completion]:
         """Read and pop every waiting completion (never blocks): the count, then per
-        completion its six registers and DONE_POP."""
+        completion its six registers and DONE_POP; with block access, per completion one
+        block read of the count and the head, and DONE_POP, then one more block read
+        that finds the count 0 (at most the FIFO's depth per call, so a device that never
+        empties cannot hold the host here)."""
         t = self.transport
         read, write = t.read32, t.write32
-        count = read(_DONE_COUNT)
         out = []
+        if self._blocks:
+            block = t.read_block
+            for _ in range(max(self.done_depth, 1)):
+                count, _pop, job_id, status, size, nbytes, clocks, symbols = block(_DONE_BLOCK, _DONE_WORDS)
+                if not count:
+                    return out
+                out.append(Completion(job_id, status & 0xFF, (status >> 8) & 0xFF, size & 0xFFFF, size >> 16,
+                                      nbytes, clocks, symbols))
+                write(_DONE_POP, 1)
+                self.in_flight.discard(job_id)
+            return out
+        count = read(_DONE_COUNT)
         for _ in range(count):
             status, size = read(_DONE_STATUS), read(_DONE_SIZE)
             job_id = read(_DONE_ID)

@@ -11,8 +11,9 @@ pixel writes into the output buffer) is timed separately
 (:attr:`InstantTransport.device_seconds`, thread CPU time, one pair of clock reads per
 group of jobs run together, so the clock reads cost the host little) so benchmarks can
 subtract it. Its register
-file answers in Python, one call per register (as the pynq and XRT transports make
-them), and that cost stays on the host's side of the account.
+file answers in Python, one call per register access or per block of consecutive
+registers (as the pynq transport makes them: an MMIO call, or one slice of its register
+array), and that cost stays on the host's side of the account.
 
 Not a decoder and not a test double for one: tests of the device use the Verilator
 simulation (:mod:`dlbooster.sim.device`).
@@ -39,6 +40,8 @@ _DONE_FIELDS = {int(Reg.DONE_ID): 0, int(Reg.DONE_STATUS): 1, int(Reg.DONE_SIZE)
 _STAGED = frozenset(range(int(Reg.JOB_IN_ADDR_LO), int(Reg.JOB_ID) + 1, 4))
 _JOB_PUSH, _DONE_COUNT, _DONE_POP, _ISR = int(Reg.JOB_PUSH), int(Reg.DONE_COUNT), int(Reg.DONE_POP), int(Reg.ISR)
 _COMPLETION = int(Irq.COMPLETION)
+_DONE_WORDS = (int(Reg.DONE_SYMBOLS) - int(Reg.DONE_COUNT)) // 4 + 1
+_NO_DONE = (0,) * _DONE_WORDS
 
 
 def _key(data) -> tuple[int, int]:
@@ -130,6 +133,27 @@ class InstantTransport:
         if offset == Reg.MAX_WIDTH:
             return self.max_width
         return 0
+
+    def read_block(self, offset: int, count: int) -> list[int]:
+        """``count`` consecutive registers from ``offset`` (no register has a read side
+        effect, so this equals ``count`` :meth:`read32` calls)."""
+        if offset == _DONE_COUNT and count == _DONE_WORDS:
+            # The driver's completion read, in one step.
+            if self._queued:
+                self._run_queued()
+            done = self._done
+            return [len(done), 0, *done[0]] if done else _NO_DONE
+        return [self.read32(offset + 4 * i) for i in range(count)]
+
+    def write_block(self, offset: int, values) -> None:
+        """Consecutive registers from ``offset``, as :meth:`write32` calls in order."""
+        staged = self._staged
+        for value in values:
+            if offset in staged:
+                staged[offset] = value
+            else:
+                self.write32(offset, value)
+            offset += 4
 
     def write32(self, offset: int, value: int) -> None:
         if offset in _STAGED:

@@ -11,8 +11,10 @@ Job interface: a register FIFO. The host writes a job's fields to the ``JOB_*`` 
 registers and queues it by writing ``JOB_PUSH``; it reads completions from the head of a
 completion FIFO (``DONE_*``) and drops the head with ``DONE_POP``. Chosen over a
 descriptor ring in host memory because (a) jobs are few and large (one image, ~10^5
-device clocks each), so 8 posted register writes per job cost the host far less than the
-decode, (b) it needs no third AXI master, no descriptor coherency handling on Zynq's
+device clocks each), so a job's 8 register writes and a completion's 8 reads cost the
+host far less than the decode (and the staging registers and the completion registers
+are each one run of consecutive offsets, so a transport with block access makes each
+run one call: ``DecoderDevice``), (b) it needs no third AXI master, no descriptor coherency handling on Zynq's
 non-coherent HP ports and no ring-pointer protocol, and (c) the same few register
 accesses work unchanged over pynq MMIO, XRT register access and the simulated device.
 """
