@@ -7,7 +7,7 @@ outputs out, one vector per clock, six clocks of latency. The two-pass 8x8 core 
 limit) is built from two of them and a :class:`TransposeBuffer`.
 """
 
-from amaranth import Array, Cat, Const, Module, Mux, Signal, signed, unsigned
+from amaranth import Array, Cat, Const, Module, Mux, Shape, Signal, signed, unsigned
 from amaranth.lib import data, stream, wiring
 from amaranth.lib.memory import Memory
 from amaranth.lib.wiring import In, Out
@@ -401,8 +401,8 @@ class Idct(wiring.Component):
         # Column pass. Every stage from the store read to the transpose buffer input
         # moves together on en1 (held while the transpose buffer cannot take a beat).
         # Unit 0 of each pass carries the vector's side data: group, block tag, checks.
-        side_width = (beats - 1).bit_length() + _Tag.size + 1
-        pass1 = [IdctPass(width=32, out_width=40, tag_width=side_width) for _ in range(lanes)]
+        side_width = Shape.cast(range(beats)).width + _Tag.size + 1
+        pass1 = [IdctPass(width=32, out_width=40, tag_width=side_width if p == 0 else 1) for p in range(lanes)]
         for p, unit in enumerate(pass1):
             m.submodules[f"pass1_{p}"] = unit
         m.submodules.tb = tb = TransposeBuffer(width=29, tag=_Tag, lanes=lanes)
@@ -424,9 +424,8 @@ class Idct(wiring.Component):
         with m.If(issue):
             m.d.sync += [r1.group.eq(rj), r1.tag.eq(btag[rb]),
                          r1.mask.eq(Cat(*(mask[rb].bit_select(r * 8 + rj * lanes + p, 1)
-                                          for p in range(lanes) for r in range(8))))]
-        with m.If(issue):
-            m.d.sync += rj.eq(rj + 1 if beats > 1 else 0)
+                                          for p in range(lanes) for r in range(8)))),
+                         rj.eq(rj + 1 if beats > 1 else 0)]
             with m.If(rj == beats - 1):
                 m.d.sync += [full[rb].eq(0), rb.eq(rb + 1)]
         inputs_ok = []
@@ -454,7 +453,7 @@ class Idct(wiring.Component):
                      tb.i.payload.data.eq(d1.w)]
 
         # Row pass, moving on en2 (held while the output beat is not taken).
-        pass2 = [IdctPass(width=29, out_width=34, tag_width=side_width) for _ in range(lanes)]
+        pass2 = [IdctPass(width=29, out_width=34, tag_width=side_width if q == 0 else 1) for q in range(lanes)]
         for q, unit in enumerate(pass2):
             m.submodules[f"pass2_{q}"] = unit
         e1 = Signal(data.StructLayout({"valid": 1, "group": range(beats), "tag": _Tag,
