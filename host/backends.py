@@ -450,8 +450,9 @@ def read_file(path: str, into: Callable[[int], np.ndarray | None] | None = None
                 parts.append(chunk)
         finally:
             os.close(fd)
-    except OSError as exc:
-        raise DecodeError("unreadable", f"{type(exc).__name__}: {exc.strerror}", path) from exc
+    except (OSError, ValueError) as exc:       # ValueError: a NUL byte in the path
+        detail = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
+        raise DecodeError("unreadable", f"{type(exc).__name__}: {detail}", path) from exc
     return (parts[0] if len(parts) == 1 else b"".join(parts)), st
 
 

@@ -203,6 +203,16 @@ def test_missing_file_raises_decode_error(backend, tmp_path):
     assert (result.status, result.reason, result.path) == ("error", "unreadable", str(path))
 
 
+@pytest.mark.parametrize("backend", BACKEND_NAMES)
+def test_path_with_a_nul_byte_is_unreadable(backend):
+    path = "a\x00b.jpg"
+    with pytest.raises(DecodeError) as excinfo:
+        dlbooster.decode(path, backend=backend)
+    assert excinfo.value.reason == "unreadable" and "null byte" in excinfo.value.detail
+    result = dlbooster.decode_result(path, backend)
+    assert (result.status, result.reason, result.path) == ("error", "unreadable", path)
+
+
 def test_directory_raises_decode_error(tmp_path):
     with pytest.raises(DecodeError) as excinfo:
         dlbooster.decode(tmp_path)

@@ -110,6 +110,24 @@ def test_missing_file_is_an_error_naming_it(tmp_path, capsys):
     assert (record["status"], record["reason"]) == ("error", "unreadable")
 
 
+def test_file_names_outside_the_locales_encoding_are_printed_escaped(folder, tmp_path):
+    """A name whose bytes are not UTF-8 (kept by Python as surrogates) on a strict UTF-8
+    stdout: the table prints it escaped and every other input is still reported."""
+    odd = tmp_path / "odd"
+    odd.mkdir()
+    jpeg_bytes = (folder / "a.jpg").read_bytes()
+    for name in (b"\xff\xfe.jpg", b"e\xff.jpg"):
+        (odd / os.fsdecode(name)).write_bytes(jpeg_bytes)
+    (odd / "fine.jpg").write_bytes(jpeg_bytes)
+    env = {**os.environ, "PYTHONIOENCODING": "utf-8", "LC_ALL": "C.UTF-8"}
+    done = subprocess.run([sys.executable, "-m", "dlbooster.cli", "decode", "--backend", "cpu", str(odd)],
+                          capture_output=True, text=True, timeout=120, env=env)
+    assert done.returncode == 0, done.stderr
+    assert "Traceback" not in done.stderr
+    assert "\\udcff\\udcfe.jpg" in done.stdout and "e\\udcff.jpg" in done.stdout and "fine.jpg" in done.stdout
+    assert "3 inputs: 3 ok" in done.stdout
+
+
 def test_verify_reads_inputs_as_the_decode_does(folder, tmp_path, capsys):
     # A FIFO would block a plain open() and /dev/zero would fill memory: both must be
     # reported as unreadable, with --verify as without. In a child with a time limit, so
