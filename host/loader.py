@@ -157,8 +157,11 @@ class Loader:
             uint8 padded batches. Its ``set_epoch`` is called by :meth:`set_epoch`.
         on_error: per-sample policy for inputs nothing can decode: ``raise``
             (:class:`~dlbooster.errors.DecodeError` naming the input), ``skip`` (left out
-            of the batch, logged and counted) or ``replace`` (``replace(index, outcome)``
-            returns an (h, w, 3) uint8 array that stands in for the sample).
+            of the batch, logged and counted; a batch whose every sample is skipped is
+            yielded empty: images ``torch.empty((0, 3, 0, 0), dtype=torch.uint8)``, the
+            transform not applied, and empty labels) or ``replace``
+            (``replace(index, outcome)`` returns an (h, w, 3) uint8 array that stands in
+            for the sample).
         replace: the function for ``on_error="replace"``.
         slot_pixels: pixels per batch slot (larger images take a slower, allocating path).
         prefetch: batches decoded ahead of the consumer (pool depth is ``prefetch + 1``).

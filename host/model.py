@@ -48,8 +48,10 @@ __all__ = [
     "REASON_STATUS",
 ]
 
-# Status codes of the entropy stage (shared with the gateware's status register).
+# Status codes of the entropy stage (shared with the gateware's status register; 6 is
+# the gateware's own "after-scan").
 OK, BAD_CODE, COEF_OVERFLOW, UNEXPECTED_MARKER, BAD_RESTART, TRUNCATED = range(6)
+FILL_BEFORE_STUFFING = 7
 #: Reason code of each non-zero entropy-stage status.
 STATUS_REASONS = {
     BAD_CODE: "bad-huffman-code",
@@ -57,6 +59,7 @@ STATUS_REASONS = {
     UNEXPECTED_MARKER: "unexpected-marker",
     BAD_RESTART: "bad-restart",
     TRUNCATED: "truncated",
+    FILL_BEFORE_STUFFING: "fill-before-stuffing",
 }
 #: The entropy-stage status code of each reason (inverse of :data:`STATUS_REASONS`).
 REASON_STATUS = {reason: code for code, reason in STATUS_REASONS.items()}
@@ -94,6 +97,7 @@ def _decode_scan(data, end, pos, luts, comp_dc, comp_ac, comp_h, comp_v, comp_bw
     nbits = 0
     real = 0  # bits in acc that came from the file; the rest are zero padding
     stopped = False
+    fill_fault = False  # stopped at FF fill bytes before a stuffed zero
     symbols = 0
     ncomp = comp_dc.shape[0]
     pred = np.zeros(ncomp, dtype=np.int64)
@@ -106,6 +110,7 @@ def _decode_scan(data, end, pos, luts, comp_dc, comp_ac, comp_h, comp_v, comp_bw
             nbits = 0
             real = 0
             stopped = False
+            fill_fault = False
             p = pos
             marker = -1
             while p < end:
@@ -144,13 +149,23 @@ def _decode_scan(data, end, pos, luts, comp_dc, comp_ac, comp_h, comp_v, comp_bw
                                 if not stopped and pos < end:
                                     b = data[pos]
                                     if b == 0xFF:
-                                        # jdhuff.c fill_bit_buffer: FF (FF)* 00 is one
-                                        # FF data byte; FF (FF)* xx is a marker.
+                                        # FF 00 is one FF data byte; FF (FF)* xx is a
+                                        # marker. FF FF+ 00 (fill bytes before a stuffed
+                                        # zero, not valid T.81) stops the data as a
+                                        # marker does: jdhuff.c reads it as one FF data
+                                        # byte on its slow path but as a marker on its
+                                        # fast path, and which of the two Pillow's
+                                        # output follows depends on its input buffering
+                                        # (the gateware's Unstuffer, fill_fault).
                                         q = pos + 1
                                         while q < end and data[q] == 0xFF:
                                             q += 1
-                                        if q < end and data[q] == 0:
+                                        if q == pos + 1 and q < end and data[q] == 0:
                                             pos = q + 1
+                                        elif q < end and data[q] == 0:
+                                            stopped = True
+                                            fill_fault = True
+                                            continue
                                         else:
                                             pos = q - 1 if q < end else end
                                             stopped = True
@@ -171,6 +186,8 @@ def _decode_scan(data, end, pos, luts, comp_dc, comp_ac, comp_h, comp_v, comp_bw
                         sym = entry & 0xFF
                         s = sym & 15
                         if length + s > real:
+                            if fill_fault:
+                                return FILL_BEFORE_STUFFING, pos, symbols
                             return (TRUNCATED if pos >= end else UNEXPECTED_MARKER), pos, symbols
                         nbits -= length
                         real -= length

@@ -6,9 +6,10 @@ quantised coefficient blocks, bit-exact with :func:`dlbooster.model.entropy_deco
 
 Sub-blocks, each a component of its own:
 
-- :class:`Unstuffer`: takes 4 bytes per beat, removes byte stuffing (``FF 00`` and
-  ``FF FF .. 00``, as ``jdhuff.c`` ``fill_bit_buffer``), stops at markers, and in
-  seek mode skips bytes up to the next marker (restart handling, T.81 F.2.2.5).
+- :class:`Unstuffer`: takes 4 bytes per beat, removes byte stuffing (``FF 00``, as
+  ``jdhuff.c`` ``fill_bit_buffer``), stops at markers and at fill bytes before a stuffed
+  zero (``FF FF .. 00``, which libjpeg-turbo decodes two ways), and in seek mode skips
+  bytes up to the next marker (restart handling, T.81 F.2.2.5).
 - :class:`HuffmanTables`: 4 DC + 4 AC tables, loaded from DHT payload bytes; computes
   the canonical code limits as the bytes arrive (T.81 Annex C) and looks a 16-bit window
   up in one clock: code length, symbol, validity.
@@ -65,6 +66,9 @@ class Status(enum.IntEnum):
     #                        EOI, or the data ends without EOI (the gateware's own code:
     #                        the model's callers screen such files with classify's
     #                        "after-scan")
+    FILL_BEFORE_STUFFING = 7   # an MCU needs data past FF fill bytes before a stuffed
+    #                            zero (FF FF.. 00), which T.81 B.1.1.5 does not allow and
+    #                            libjpeg-turbo decodes two ways (see Unstuffer)
 
     @property
     def reason(self) -> str | None:
@@ -77,6 +81,7 @@ _REASONS = {
     Status.BAD_CODE: "bad-huffman-code", Status.COEF_OVERFLOW: "coefficient-overflow",
     Status.UNEXPECTED_MARKER: "unexpected-marker", Status.BAD_RESTART: "bad-restart",
     Status.TRUNCATED: "truncated", Status.AFTER_SCAN: "after-scan",
+    Status.FILL_BEFORE_STUFFING: "fill-before-stuffing",
 }
 
 
@@ -148,6 +153,13 @@ class Unstuffer(wiring.Component):
         seek: drop data bytes instead of offering them, up to the next marker.
         marker_valid / marker: a marker (``FF xx``, ``xx`` not 00/FF) is at the front.
         consume_marker: drop that marker (2 bytes) this clock.
+        fill_fault: a stuffed zero that followed fill bytes (``FF FF.. 00``) is at the
+            front: it is not offered (a seek drops it). T.81 B.1.1.5 allows fill bytes
+            only before markers; ``jdhuff.c``'s slow path reads the sequence as one FF
+            data byte, but its fast path (``decode_mcu_fast``, taken when no restart
+            interval is set and enough bytes are buffered) reads a marker there, fills
+            zero bits and, redoing the MCU on the slow path, keeps coefficients the fast
+            pass wrote: which one Pillow's output follows depends on its input buffering.
         at_end: the input has ended and every byte was consumed (a lone trailing FF
             counts as consumed).
         flush: drop everything up to and including the last input beat (draining).
@@ -164,6 +176,7 @@ class Unstuffer(wiring.Component):
             "marker_valid": Out(1),
             "marker": Out(8),
             "consume_marker": In(1),
+            "fill_fault": Out(1),
             "at_end": Out(1),
             "flush": In(1),
             "clear": In(1),
@@ -174,6 +187,7 @@ class Unstuffer(wiring.Component):
         win = Signal(64)        # up to 8 bytes, byte 0 in win[0:8]
         wn = Signal(4)          # valid bytes in win
         ended = Signal()        # the last input beat was accepted
+        after_fill = Signal()   # the last byte dropped was an FF fill byte
 
         b = [win[8 * j: 8 * j + 8] for j in range(8)]
         ff = [b[j] == 0xFF for j in range(4)]
@@ -196,6 +210,8 @@ class Unstuffer(wiring.Component):
         # What the front offers: run data bytes, or FF from a stuffed FF 00.
         stuffed = ff[0] & (wn >= 2) & (b[1] == 0x00)
         fill = ff[0] & (wn >= 2) & (b[1] == 0xFF)
+        m.d.comb += self.fill_fault.eq(stuffed & after_fill)
+        dropped_fill = Signal()
         # Byte 0 to the MSB, bytes past the run cleared.
         swapped = Signal(32)
         m.d.comb += swapped.eq(Cat(b[3], b[2], b[1], b[0])
@@ -208,14 +224,14 @@ class Unstuffer(wiring.Component):
             with m.Else():
                 m.d.comb += consume.eq(run)
         with m.Elif(stuffed):
-            with m.If(~self.seek):
+            with m.If(self.seek):
+                m.d.comb += consume.eq(2)
+            with m.Elif(~after_fill):
                 m.d.comb += [self.offer_n.eq(1), self.offer_data.eq(0xFF000000)]
                 with m.If(self.take):
                     m.d.comb += consume.eq(2)
-            with m.Else():
-                m.d.comb += consume.eq(2)
         with m.Elif(fill):
-            m.d.comb += consume.eq(1)
+            m.d.comb += [consume.eq(1), dropped_fill.eq(1)]
         with m.Elif(front_marker & self.consume_marker):
             m.d.comb += consume.eq(2)
 
@@ -232,6 +248,10 @@ class Unstuffer(wiring.Component):
             incoming.eq((beat.data & Array([Const((1 << (8 * n)) - 1, 32) for n in range(8)])[beat.n])
                         << (remaining * 8)),
         ]
+        with m.If(self.clear | self.flush):
+            m.d.sync += after_fill.eq(0)
+        with m.Elif(consume != 0):
+            m.d.sync += after_fill.eq(dropped_fill)
         with m.If(self.clear):
             m.d.sync += [wn.eq(0), ended.eq(0), win.eq(0)]
         with m.Elif(self.flush):
@@ -528,7 +548,7 @@ class EntropyDecoder(wiring.Component):
                 r1.valid.eq(0),
             ]
 
-        stopped = us.marker_valid | us.at_end
+        stopped = us.marker_valid | us.at_end | us.fill_fault
         # Nothing is decoded while the last table's lookahead is still being filled.
         found = ~hf.filling & (fast | (slow.valid & slow.ok))
         have_bits = found & (need <= cnt)
@@ -578,8 +598,9 @@ class EntropyDecoder(wiring.Component):
                 with m.If(no_code):
                     m.d.comb += fault.eq(Status.BAD_CODE)
                 with m.Elif(starved):
-                    m.d.comb += fault.eq(Mux(us.marker_valid & (us.marker[3:] == 0b11010),
-                                             Status.UNEXPECTED_MARKER, Status.TRUNCATED))
+                    m.d.comb += fault.eq(Mux(us.fill_fault, Status.FILL_BEFORE_STUFFING,
+                                             Mux(us.marker_valid & (us.marker[3:] == 0b11010),
+                                                 Status.UNEXPECTED_MARKER, Status.TRUNCATED)))
                 with m.Elif(have_bits & ~is_dc & (size != 0) & (kk > 63)):
                     m.d.comb += fault.eq(Status.COEF_OVERFLOW)
                 with m.Elif(have_bits & ~is_dc & (size == 0) & (run == 15) & (k + 16 > 64)):

@@ -14,7 +14,7 @@ expect        when                                         the lane passes if
 ``stop``      classify rejects for a reason the gateware   a header stop (1..16) for the
               checks                                       reasons the frame and first
                                                            scan headers decide; an entropy
-                                                           stop (0x21..0x26) for
+                                                           stop (0x21..0x27) for
                                                            ``after-scan`` and
                                                            ``multi-scan`` (the first scan
                                                            decodes, then what follows it
@@ -117,7 +117,7 @@ def expectation(data: bytes, max_width: int) -> tuple[str, str | None, np.ndarra
 
 
 def _stop_allowed(reason: str, status: int) -> bool:
-    header, entropy = 1 <= status <= 16, 0x21 <= status <= 0x26
+    header, entropy = 1 <= status <= 16, 0x21 <= status <= 0x27
     if reason in AFTER_SCAN_REASONS:
         return entropy
     if reason in ANYWHERE_REASONS:

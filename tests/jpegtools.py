@@ -606,10 +606,23 @@ def truncated_entropy(data: bytes) -> bytes:
     return data[:(scan.data_start + scan.data_end) // 2] + data[scan.data_end:]
 
 
+def fill_before_stuffing(data: bytes) -> bytes:
+    """An FF fill byte inserted before the first stuffed zero (FF 00) in the first half of
+    the entropy-coded data (T.81 B.1.1.5 allows fill bytes only before markers, and
+    libjpeg-turbo reads the sequence two ways): the model says ``fill-before-stuffing``."""
+    from dlbooster import jpeg
+
+    scan = jpeg.parse(data).scans[0]
+    at = data.find(b"\xff\x00", scan.data_start, (scan.data_start + scan.data_end) // 2)
+    assert at >= 0, "no stuffed zero in the first half of the entropy-coded data"
+    return data[:at] + b"\xff" + data[at:]
+
+
 def feature_files(max_width: int) -> dict[str, bytes]:
     """Generated files covering every feature the decoder takes (every sampling, odd
-    sizes, quality 1..100, restart intervals, optimised and 16-bit tables), then four it
-    must stop on (progressive, wider than ``max_width``, truncated entropy data, no EOI)."""
+    sizes, quality 1..100, restart intervals, optimised and 16-bit tables), then five it
+    must stop on (progressive, wider than ``max_width``, truncated entropy data, no EOI,
+    a fill byte before a stuffed zero)."""
     files = {
         "420_q85": gen(40, 24, subsampling=2, quality=85),
         "422_q1_odd": gen(17, 9, subsampling=1, quality=1),
@@ -625,5 +638,6 @@ def feature_files(max_width: int) -> dict[str, bytes]:
         "too_wide": gen(max_width + 8, 8, subsampling=0, quality=50),
         "truncated": truncated_entropy(gen(24, 24, subsampling=0, quality=90)),
         "no_eoi": gen(16, 8, subsampling=2, quality=70)[:-2],
+        "fill_before_stuffing": fill_before_stuffing(gen(40, 24, subsampling=2, quality=100)),
     }
     return files

@@ -9,7 +9,7 @@ from amaranth import Module, Signal, signed
 from amaranth.lib import wiring
 from amaranth.lib.wiring import In, Out
 from amaranth.sim import Simulator
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from dlbooster.hw.entropy import HuffmanTables, Unstuffer, extend
@@ -133,7 +133,8 @@ def test_huffman_lookup_and_lookahead_match_canonical_codes(tables, windows, slo
 
 
 def _unstuff_ref(data: bytes):
-    """libjpeg-turbo fill_bit_buffer: data bytes up to the first marker, and the marker."""
+    """libjpeg-turbo fill_bit_buffer: data bytes up to the first marker, and the marker;
+    fill bytes before a stuffed zero (``FF FF.. 00``) stop the data too ("fill")."""
     out = bytearray()
     i = 0
     while i < len(data):
@@ -147,6 +148,8 @@ def _unstuff_ref(data: bytes):
         if j == len(data):
             return bytes(out), None
         if data[j] == 0:
+            if j > i + 1:
+                return bytes(out), "fill"
             out.append(0xFF)
             i = j + 1
             continue
@@ -160,6 +163,9 @@ stuffed_bytes = st.lists(st.sampled_from([0x00, 0x12, 0xFF, 0xFF, 0xD3, 0xD9, 0x
 
 @SETTINGS
 @given(data=stuffed_bytes, take_every=st.integers(1, 3), gaps=st.booleans())
+@example(data=b"\x12\x34\xff\xff\x00\x56", take_every=1, gaps=False)       # fill before a stuffed zero
+@example(data=b"\xff\x00\xff\xff\xff\x00\x12", take_every=2, gaps=True)
+@example(data=b"\x12\xff\xff\xd3\x00", take_every=1, gaps=False)            # fill before a marker: allowed
 def test_unstuffer_matches_libjpeg_fill(data, take_every, gaps):
     dut = Unstuffer()
     expect, marker = _unstuff_ref(data)
@@ -184,14 +190,17 @@ def test_unstuffer_matches_libjpeg_fill(data, take_every, gaps):
                 bi += 1
             stopped_marker = ctx.get(dut.marker_valid)
             at_end = ctx.get(dut.at_end)
-            if stopped_marker or at_end:
+            fill_fault = ctx.get(dut.fill_fault)
+            if stopped_marker or at_end or fill_fault:
                 break
             await ctx.tick()
         assert bytes(got) == expect
         if marker is None:
-            assert at_end and not stopped_marker
+            assert at_end and not stopped_marker and not fill_fault
+        elif marker == "fill":
+            assert fill_fault and not stopped_marker and ctx.get(dut.offer_n) == 0
         else:
-            assert stopped_marker and ctx.get(dut.marker) == marker
+            assert stopped_marker and ctx.get(dut.marker) == marker and not fill_fault
 
     _run(dut, bench)
 
@@ -200,9 +209,10 @@ def test_unstuffer_matches_libjpeg_fill(data, take_every, gaps):
 @given(junk=stuffed_bytes.map(lambda b: b.replace(b"\xff", b"\xff\x00")), rst=st.integers(0, 7),
        tail=st.binary(max_size=6))
 def test_unstuffer_seek_finds_next_marker(junk, rst, tail):
-    """Seek mode (restart handling) drops data and stuffing, stops at FF Dn, consumes it."""
+    """Seek mode (restart handling) drops data and stuffing (fill bytes before a stuffed
+    zero too), stops at FF Dn, consumes it."""
     dut = Unstuffer()
-    data = junk + b"\xff\xff" + bytes([0xD0 + rst]) + tail
+    data = junk + b"\xff\xff\x00" + junk + b"\xff\xff" + bytes([0xD0 + rst]) + tail
     beats = [data[i:i + 4] for i in range(0, len(data), 4)]
     expect_tail, _ = _unstuff_ref(tail)
 

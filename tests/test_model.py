@@ -624,6 +624,41 @@ def test_restart_marker_without_dri(ss, marker):
     _expect_malformed(data[:mid] + bytes([0xFF, marker]) + data[mid:], "unexpected-marker")
 
 
+def _noise_jpeg(width: int, height: int, **options) -> bytes:
+    """Pillow's JPEG of seeded noise: many FF bytes, so many stuffed zeros (FF 00)."""
+    import io
+
+    from PIL import Image
+
+    rng = np.random.default_rng(width * 7919 + height)
+    out = io.BytesIO()
+    Image.fromarray(rng.integers(0, 256, (height, width, 3), dtype=np.uint8)).save(out, "JPEG", **options)
+    return out.getvalue()
+
+
+@pytest.mark.parametrize("options", [{"quality": 50, "subsampling": 0}, {"quality": 90, "subsampling": 2},
+                                     {"quality": 75, "subsampling": 2, "restart_marker_blocks": 3}],
+                         ids=["444_q50", "420_q90", "420_q75_restart"])
+def test_fill_bytes_before_a_stuffed_zero_equal_pillow(options):
+    """FF FF.. 00 in entropy-coded data (T.81 B.1.1.5 allows fill bytes only before
+    markers): libjpeg-turbo's slow path reads one FF data byte, its fast path a marker,
+    and Pillow's pixels follow either. An MCU that needs data past such a sequence is
+    declined (``fill-before-stuffing``) and decoded on the CPU, so every variant, one
+    fill byte before each stuffed zero in turn, equals Pillow; none is ``ok`` with other
+    pixels (the attack review's finding: before, 820 of 1,418 such variants were)."""
+    data = _noise_jpeg(192, 48, **options)
+    scan = jpeg.parse(data).scans[0]
+    stuffed = [p for p in range(scan.data_start, scan.data_end - 1) if data[p:p + 2] == b"\xff\x00"]
+    assert len(stuffed) >= 5
+    reasons = set()
+    for p in stuffed[:: max(1, len(stuffed) // 40)]:
+        evil = data[:p] + b"\xff" + data[p:]
+        result = backends.decode_result(evil, "model")
+        assert_result_matches_pillow(result, evil)
+        reasons.add(result.reason)
+    assert "fill-before-stuffing" in reasons
+
+
 def test_eoi_inside_entropy_data():
     data = gen(80, 64, subsampling=2, quality=90)
     scan = jpeg.parse(data).scans[0]
