@@ -12,7 +12,7 @@ refilled only after the band below it no longer needs its last row. Rows and col
 are cropped to the component's real size, so the upsampler's edge rules apply there.
 """
 
-from amaranth import Array, Cat, Const, Module, Mux, Signal
+from amaranth import Array, Const, Module, Mux, Signal
 from amaranth.lib import data, stream, wiring
 from amaranth.lib.memory import Memory
 from amaranth.lib.wiring import In, Out
@@ -79,7 +79,7 @@ class PlaneBuffer(wiring.Component):
 
         # Bank q holds the ring rows congruent to q modulo ``lanes`` (one input beat
         # writes one row in each bank); two read ports give a row and its neighbour.
-        banks, wports, pports, qports = [], [], [], []
+        wports, pports, qports = [], [], []
         for q in range(lanes):
             mem = Memory(shape=64, depth=depth, init=[])
             m.submodules[f"bank{q}"] = mem

@@ -5,7 +5,7 @@ independent Python statement of T.81 / libjpeg-turbo behaviour, on hypothesis in
 """
 
 
-from amaranth import Module, Signal, signed
+from amaranth import Module, signed
 from amaranth.lib import wiring
 from amaranth.lib.wiring import In, Out
 from amaranth.sim import Simulator

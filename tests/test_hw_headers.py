@@ -15,7 +15,6 @@ from __future__ import annotations
 import io
 import random
 
-import numpy as np
 import pytest
 from amaranth.sim import Simulator
 from PIL import Image
