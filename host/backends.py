@@ -19,6 +19,7 @@ import hashlib
 import io
 import logging
 import os
+import re
 import stat
 import warnings
 from dataclasses import dataclass, field
@@ -150,7 +151,12 @@ def decode_pillow(data: bytes) -> np.ndarray:
             with Image.open(io.BytesIO(data)) as im:
                 return np.asarray(im.convert("RGB"))
     except Exception as exc:  # Pillow raises many types (OSError, SyntaxError, ...)
-        raise DecodeError("undecodable", f"Pillow: {type(exc).__name__}: {exc}") from exc
+        # Pillow names the in-memory file by its repr, whose address differs per run.
+        message = _BYTESIO_REPR.sub("", str(exc))
+        raise DecodeError("undecodable", f"Pillow: {type(exc).__name__}: {message}") from exc
+
+
+_BYTESIO_REPR = re.compile(r" ?<_io\.BytesIO object at 0x[0-9a-fA-F]+>")
 
 
 class ModelBackend:

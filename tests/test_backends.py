@@ -213,6 +213,14 @@ def test_path_with_a_nul_byte_is_unreadable(backend):
     assert (result.status, result.reason, result.path) == ("error", "unreadable", path)
 
 
+def test_pillows_error_detail_has_no_object_address():
+    """The detail of bytes Pillow cannot identify is the same on every run (Pillow's
+    message names the in-memory file by its repr, with an address)."""
+    result = dlbooster.decode_result(b"not an image at all", "cpu")
+    assert (result.status, result.reason) == ("error", "undecodable")
+    assert result.detail == "Pillow: UnidentifiedImageError: cannot identify image file"
+
+
 def test_directory_raises_decode_error(tmp_path):
     with pytest.raises(DecodeError) as excinfo:
         dlbooster.decode(tmp_path)
