@@ -67,7 +67,7 @@ class Status(enum.IntEnum):
     #                        the model's callers screen such files with classify's
     #                        "after-scan")
     FILL_BEFORE_STUFFING = 7   # an MCU needs data past FF fill bytes before a stuffed
-    #                            zero (FF FF.. 00), which T.81 B.1.1.5 does not allow and
+    #                            zero (FF FF.. 00), which T.81 B.1.1.2 does not allow and
     #                            libjpeg-turbo decodes two ways (see Unstuffer)
 
     @property
@@ -154,7 +154,7 @@ class Unstuffer(wiring.Component):
         marker_valid / marker: a marker (``FF xx``, ``xx`` not 00/FF) is at the front.
         consume_marker: drop that marker (2 bytes) this clock.
         fill_fault: a stuffed zero that followed fill bytes (``FF FF.. 00``) is at the
-            front: it is not offered (a seek drops it). T.81 B.1.1.5 allows fill bytes
+            front: it is not offered (a seek drops it). T.81 B.1.1.2 allows fill bytes
             only before markers; ``jdhuff.c``'s slow path reads the sequence as one FF
             data byte, but its fast path (``decode_mcu_fast``, taken when no restart
             interval is set and enough bytes are buffered) reads a marker there, fills

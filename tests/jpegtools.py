@@ -608,7 +608,7 @@ def truncated_entropy(data: bytes) -> bytes:
 
 def fill_before_stuffing(data: bytes) -> bytes:
     """An FF fill byte inserted before the first stuffed zero (FF 00) in the first half of
-    the entropy-coded data (T.81 B.1.1.5 allows fill bytes only before markers, and
+    the entropy-coded data (T.81 B.1.1.2 allows fill bytes only before markers, and
     libjpeg-turbo reads the sequence two ways): the model says ``fill-before-stuffing``."""
     from dlbooster import jpeg
 

@@ -640,7 +640,7 @@ def _noise_jpeg(width: int, height: int, **options) -> bytes:
                                      {"quality": 75, "subsampling": 2, "restart_marker_blocks": 3}],
                          ids=["444_q50", "420_q90", "420_q75_restart"])
 def test_fill_bytes_before_a_stuffed_zero_equal_pillow(options):
-    """FF FF.. 00 in entropy-coded data (T.81 B.1.1.5 allows fill bytes only before
+    """FF FF.. 00 in entropy-coded data (T.81 B.1.1.2 allows fill bytes only before
     markers): libjpeg-turbo's slow path reads one FF data byte, its fast path a marker,
     and Pillow's pixels follow either. An MCU that needs data past such a sequence is
     declined (``fill-before-stuffing``) and decoded on the CPU, so every variant, one
