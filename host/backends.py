@@ -60,12 +60,19 @@ def _simplejpeg_safe(info: jpeg.JpegInfo) -> bool:
     Both bundle libjpeg-turbo with the same defaults (ISLOW, fancy upsampling); they can
     differ only where Pillow's own Python header parser decides differently (colour
     modes, short APP segments, MPO, the decompression-bomb limit). simplejpeg runs in
-    strict mode, so any libjpeg warning (corrupt data) sends the file to Pillow.
+    strict mode, so any libjpeg warning (corrupt data) sends the file to Pillow. Fill
+    bytes before a stuffed zero (``Scan.fill_before_stuffing``) raise no warning, but
+    libjpeg-turbo decodes them by whether its fast Huffman path is taken, which depends
+    on how much input is buffered: Pillow feeds 64 KiB blocks, simplejpeg the whole
+    file, so such files go to Pillow (as do files parsed ``headers_only``, whose
+    entropy-coded data was not looked at).
     """
     frame = info.frame
     return (
         frame is not None
         and info.error is None
+        and not info.headers_only
+        and all(scan.fill_before_stuffing < 0 for scan in info.scans)
         and jpeg.pillow_header_error(info) is None
         and not info.mpf
         and not info.junk_bytes

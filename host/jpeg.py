@@ -89,9 +89,10 @@ _JPEG_MAX_DIMENSION = 65500
 
 _SOF_MARKERS = frozenset(range(0xC0, 0xD0)) - {0xC4, 0xC8, 0xCC}
 _RST_MARKERS = frozenset(range(0xD0, 0xD8))
-# A marker inside entropy-coded data: 0xFF, then a code that is neither 0x00 (stuffing,
-# T.81 F.1.2.3) nor 0xFF (fill: the match then starts at the last fill byte).
-_MARKER_RE = re.compile(rb"\xff[\x01-\xfe]")
+# In entropy-coded data: fill bytes before a stuffed zero (not valid T.81), or a marker:
+# 0xFF, then a code that is neither 0x00 (stuffing, T.81 F.1.2.3) nor 0xFF (fill: the
+# match then starts at the last fill byte).
+_MARKER_RE = re.compile(rb"\xff\xff+\x00|\xff[\x01-\xfe]")
 
 
 @dataclass(frozen=True, slots=True)
@@ -158,7 +159,10 @@ class Scan:
     does the hardware.
     ``data_start``/``data_end`` delimit the entropy-coded segment, RSTn markers
     included; ``data_end`` is the offset of the first other marker (or the end of the
-    input). ``restarts`` counts the RSTn markers in it.
+    input). ``restarts`` counts the RSTn markers in it. ``fill_before_stuffing`` is the
+    offset of the first run of fill bytes before a stuffed zero in it (``FF FF.. 00``,
+    not valid T.81, B.1.1.2; libjpeg-turbo reads it one way or another depending on how
+    much input it has buffered), or -1.
     """
 
     components: tuple[tuple[int, int, int], ...]
@@ -173,6 +177,7 @@ class Scan:
     data_start: int
     data_end: int = -1
     restarts: int = 0
+    fill_before_stuffing: int = -1
 
 
 @dataclass(slots=True)
@@ -266,15 +271,22 @@ def _fail(info: JpegInfo, message: str, offset: int) -> JpegInfo:
     return info
 
 
-def _end_of_entropy_data(data: bytes, start: int) -> tuple[int, int]:
-    """Return (offset of the first non-RST marker at or after ``start``, RSTn count)."""
+def _end_of_entropy_data(data: bytes, start: int) -> tuple[int, int, int]:
+    """Return (offset of the first non-RST marker at or after ``start``, RSTn count,
+    offset of the first fill bytes before a stuffed zero or -1)."""
     restarts = 0
+    fill = -1
     for m in _MARKER_RE.finditer(data, start):
-        if data[m.end() - 1] in _RST_MARKERS:
+        code = data[m.end() - 1]
+        if code == 0:
+            if fill < 0:
+                fill = m.start()
+            continue
+        if code in _RST_MARKERS:
             restarts += 1
             continue
-        return m.end() - 2, restarts
-    return len(data), restarts
+        return m.end() - 2, restarts, fill
+    return len(data), restarts, fill
 
 
 def parse(data: bytes, *, headers_only: bool = False) -> JpegInfo:
@@ -370,7 +382,7 @@ def parse(data: bytes, *, headers_only: bool = False) -> JpegInfo:
             if headers_only:
                 info.headers_only = True
                 return info
-            scan.data_end, scan.restarts = _end_of_entropy_data(data, pos)
+            scan.data_end, scan.restarts, scan.fill_before_stuffing = _end_of_entropy_data(data, pos)
             pos = scan.data_end
         elif marker == 0xDC:
             info.dnl = True

@@ -606,6 +606,15 @@ def truncated_entropy(data: bytes) -> bytes:
     return data[:(scan.data_start + scan.data_end) // 2] + data[scan.data_end:]
 
 
+def noise_jpeg(width: int, height: int, **options) -> bytes:
+    """Pillow's JPEG (``options`` as ``Image.save``) of seeded noise: many FF bytes in the
+    entropy-coded data, so many stuffed zeros (FF 00)."""
+    rng = np.random.default_rng(width * 7919 + height)
+    out = io.BytesIO()
+    Image.fromarray(rng.integers(0, 256, (height, width, 3), dtype=np.uint8)).save(out, "JPEG", **options)
+    return out.getvalue()
+
+
 def fill_before_stuffing(data: bytes) -> bytes:
     """An FF fill byte inserted before the first stuffed zero (FF 00) in the first half of
     the entropy-coded data (T.81 B.1.1.2 allows fill bytes only before markers, and

@@ -20,6 +20,7 @@ from jpegtools import (
     feature_subset,
     gen,
     gif_bytes,
+    noise_jpeg,
     photo,
     photo_crop,
     pillow_rgb,
@@ -211,6 +212,30 @@ def test_path_with_a_nul_byte_is_unreadable(backend):
     assert excinfo.value.reason == "unreadable" and "null byte" in excinfo.value.detail
     result = dlbooster.decode_result(path, backend)
     assert (result.status, result.reason, result.path) == ("error", "unreadable", path)
+
+
+def test_cpu_path_gives_fill_before_stuffing_to_pillow():
+    """Fill bytes before a stuffed zero (FF FF 00) in a file over 64 KiB: libjpeg-turbo
+    decodes them by whether its fast Huffman path runs, which depends on the input it
+    has buffered (Pillow feeds 64 KiB blocks, simplejpeg the whole file), so the CPU path
+    leaves such files to Pillow. One fill byte before each stuffed zero around the first
+    64 KiB boundary in turn: every variant equals Pillow (the second attack review found
+    simplejpeg's pixels in 38 of 897 such variants of one image)."""
+    data = noise_jpeg(640, 480, quality=95, subsampling=2)
+    scan = jpeg.parse(data).scans[0]
+    assert len(data) > 1 << 17 and scan.fill_before_stuffing == -1
+    stuffed = [p for p in range(60_000, 70_000) if data[p:p + 2] == b"\xff\x00"]
+    assert len(stuffed) >= 10
+    for p in stuffed:
+        evil = data[:p] + b"\xff" + data[p:]
+        assert jpeg.parse(evil).scans[0].fill_before_stuffing == p
+        result = dlbooster.decode_result(evil, "cpu")
+        assert result.status == "ok"
+        assert_result_matches_pillow(result, evil)
+    # Fill bytes before a marker are valid (T.81 B.1.1.2) and not flagged.
+    restarts = gen(48, 32, subsampling=2, quality=90, restart_blocks=2)
+    rst = restarts.find(b"\xff\xd0")
+    assert jpeg.parse(restarts[:rst] + b"\xff\xff" + restarts[rst:]).scans[0].fill_before_stuffing == -1
 
 
 def test_pillows_error_detail_has_no_object_address():

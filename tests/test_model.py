@@ -22,6 +22,7 @@ from jpegtools import (
     find_rst,
     gen,
     hardware_candidates,
+    noise_jpeg,
     huffman_codes,
     pillow_rgb,
     reencode,
@@ -624,18 +625,6 @@ def test_restart_marker_without_dri(ss, marker):
     _expect_malformed(data[:mid] + bytes([0xFF, marker]) + data[mid:], "unexpected-marker")
 
 
-def _noise_jpeg(width: int, height: int, **options) -> bytes:
-    """Pillow's JPEG of seeded noise: many FF bytes, so many stuffed zeros (FF 00)."""
-    import io
-
-    from PIL import Image
-
-    rng = np.random.default_rng(width * 7919 + height)
-    out = io.BytesIO()
-    Image.fromarray(rng.integers(0, 256, (height, width, 3), dtype=np.uint8)).save(out, "JPEG", **options)
-    return out.getvalue()
-
-
 @pytest.mark.parametrize("options", [{"quality": 50, "subsampling": 0}, {"quality": 90, "subsampling": 2},
                                      {"quality": 75, "subsampling": 2, "restart_marker_blocks": 3}],
                          ids=["444_q50", "420_q90", "420_q75_restart"])
@@ -646,7 +635,7 @@ def test_fill_bytes_before_a_stuffed_zero_equal_pillow(options):
     declined (``fill-before-stuffing``) and decoded on the CPU, so every variant, one
     fill byte before each stuffed zero in turn, equals Pillow; none is ``ok`` with other
     pixels (the attack review's finding: before, 820 of 1,418 such variants were)."""
-    data = _noise_jpeg(192, 48, **options)
+    data = noise_jpeg(192, 48, **options)
     scan = jpeg.parse(data).scans[0]
     stuffed = [p for p in range(scan.data_start, scan.data_end - 1) if data[p:p + 2] == b"\xff\x00"]
     assert len(stuffed) >= 5
