@@ -30,7 +30,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from .hw.regs import MAGIC, Ctrl, Irq, Reg, device_reason
+from .hw.regs import DONE_BLOCK_WORDS, MAGIC, Ctrl, Irq, Reg, device_reason
 
 __all__ = ["Completion", "DecoderDevice", "DeviceError", "JobOutcome"]
 
@@ -42,8 +42,6 @@ _JOB_PUSH, _DONE_COUNT, _DONE_POP = int(Reg.JOB_PUSH), int(Reg.DONE_COUNT), int(
 _DONE_STATUS, _DONE_SIZE, _DONE_ID = int(Reg.DONE_STATUS), int(Reg.DONE_SIZE), int(Reg.DONE_ID)
 _DONE_BYTES, _DONE_CLOCKS, _DONE_SYMBOLS = int(Reg.DONE_BYTES), int(Reg.DONE_CLOCKS), int(Reg.DONE_SYMBOLS)
 _JOB_BLOCK = _JOB_FIELDS[0]
-# DONE_COUNT, DONE_POP (reads 0), then the head completion's six registers.
-_DONE_BLOCK, _DONE_WORDS = int(Reg.DONE_COUNT), (int(Reg.DONE_SYMBOLS) - int(Reg.DONE_COUNT)) // 4 + 1
 
 
 class DeviceError(RuntimeError):
@@ -214,7 +212,7 @@ class DecoderDevice:
         if self._blocks:
             block = t.read_block
             for _ in range(max(self.done_depth, 1)):
-                count, _pop, job_id, status, size, nbytes, clocks, symbols = block(_DONE_BLOCK, _DONE_WORDS)
+                count, _pop, job_id, status, size, nbytes, clocks, symbols = block(_DONE_COUNT, DONE_BLOCK_WORDS)
                 if not count:
                     return out
                 out.append(Completion(job_id, status & 0xFF, (status >> 8) & 0xFF, size & 0xFFFF, size >> 16,

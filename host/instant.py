@@ -29,7 +29,7 @@ from collections import deque
 
 import numpy as np
 
-from .hw.regs import MAGIC, Irq, Reg
+from .hw.regs import DONE_BLOCK_WORDS, MAGIC, Irq, Reg
 
 __all__ = ["InstantBackend", "InstantTransport"]
 
@@ -40,8 +40,7 @@ _DONE_FIELDS = {int(Reg.DONE_ID): 0, int(Reg.DONE_STATUS): 1, int(Reg.DONE_SIZE)
 _STAGED = frozenset(range(int(Reg.JOB_IN_ADDR_LO), int(Reg.JOB_ID) + 1, 4))
 _JOB_PUSH, _DONE_COUNT, _DONE_POP, _ISR = int(Reg.JOB_PUSH), int(Reg.DONE_COUNT), int(Reg.DONE_POP), int(Reg.ISR)
 _COMPLETION = int(Irq.COMPLETION)
-_DONE_WORDS = (int(Reg.DONE_SYMBOLS) - int(Reg.DONE_COUNT)) // 4 + 1
-_NO_DONE = (0,) * _DONE_WORDS
+_NO_DONE = (0,) * DONE_BLOCK_WORDS
 
 
 def _key(data) -> tuple[int, int]:
@@ -137,7 +136,7 @@ class InstantTransport:
     def read_block(self, offset: int, count: int) -> list[int]:
         """``count`` consecutive registers from ``offset`` (no register has a read side
         effect, so this equals ``count`` :meth:`read32` calls)."""
-        if offset == _DONE_COUNT and count == _DONE_WORDS:
+        if offset == _DONE_COUNT and count == DONE_BLOCK_WORDS:
             # The driver's completion read, in one step.
             if self._queued:
                 self._run_queued()

@@ -21,7 +21,7 @@ accesses work unchanged over pynq MMIO, XRT register access and the simulated de
 
 import enum
 
-__all__ = ["Reg", "Ctrl", "Irq", "DeviceStatus", "MAGIC", "device_reason"]
+__all__ = ["Reg", "Ctrl", "Irq", "DeviceStatus", "MAGIC", "DONE_BLOCK_WORDS", "device_reason"]
 
 #: Value of :attr:`Reg.ID` ("DLB1").
 MAGIC = 0x444C4231
@@ -73,6 +73,11 @@ class Reg(enum.IntEnum):
     WATCHDOG = 0x5C
     #: Bit per lane: the lane holds a job.
     BUSY = 0x60
+
+
+#: Registers from :attr:`Reg.DONE_COUNT` to :attr:`Reg.DONE_SYMBOLS`: the count,
+#: ``DONE_POP`` (reads 0) and the head completion, one block read (``DecoderDevice``).
+DONE_BLOCK_WORDS = (Reg.DONE_SYMBOLS - Reg.DONE_COUNT) // 4 + 1
 
 
 class Ctrl(enum.IntFlag):
