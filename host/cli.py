@@ -420,10 +420,11 @@ def _cmd_predict(args: argparse.Namespace) -> int:
     rows = [[k.replace("_", " "), ms(v)] for k, v in result["stages"].items()]
     rows += [[k.replace("_", " "), ms(b[k])] for k in ("forward", "input_gradient", "weight_gradient",
                                                         "backward_other", "optimizer", "allreduce",
-                                                        "allreduce_exposed")]
+                                                        "allreduce_exposed", "page_faults")]
     print(_table(["stage", "time"], rows))
     print(f"work: {b['forward_gflop']:,.1f} GFLOP forward, {b['backward_gflop']:,.1f} GFLOP backward, "
-          f"{b['gradient_bytes'] / 2**20:,.1f} MiB of gradients")
+          f"{b['gradient_bytes'] / 2**20:,.1f} MiB of gradients, {b['fresh_bytes'] / 2**20:,.1f} MiB "
+          f"allocated afresh (page faults, counted in the stages above)")
     return 0
 
 

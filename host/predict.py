@@ -18,7 +18,11 @@ per-layer work, a device profile and the network, with the limiting stage named.
   measures them on the machine at hand by timing representative kernels (convolutions of
   a seeded random shape grid, not the validated models' layers; memory-bound operators
   at several sizes; all-reduces between local processes); shipped GPU profiles come from
-  public peak figures and are marked as such.
+  public peak figures and are marked as such. On the CPU, every tensor of at least 32 MiB
+  is a fresh mapping of the C library's (glibc's mmap threshold), page-faulted in as it
+  is written: that cost is measured apart (the kernels are timed with freed memory
+  kept) and charged per byte of such outputs, which is what makes large batches and
+  VGG's classifier gradients slower than their kernels.
 - Communication: gradients in DistributedDataParallel's buckets (in the order they
   become ready, as DDP rebuilds them after its first iteration; 1 MiB first bucket,
   25 MiB after), each all-reduced by a ring as soon as its last gradient is ready:
@@ -58,6 +62,12 @@ _VIEWS = {"view", "_unsafe_view", "t", "detach", "slice", "expand", "as_strided"
 #: (docs/benchmarks.md, issue 7, median of eight epochs on the 2-core build machine).
 HOST_US_PER_IMAGE = 208.0
 
+#: Allocations of at least this many bytes are mapped afresh on every allocation and
+#: unmapped when freed: glibc's largest dynamic mmap threshold (``DEFAULT_MMAP_THRESHOLD_MAX``,
+#: 32 MiB on 64-bit; malloc(3), mallopt(3) ``M_MMAP_THRESHOLD``), and PyTorch's CPU
+#: allocator keeps no cache. Smaller blocks are reused from the heap.
+FRESH_LIMIT = 32 << 20
+
 _CONV = "convolution"
 _CONV_BWD = "convolution_backward"
 _GEMM = {"mm", "addmm", "bmm", "matmul"}
@@ -78,6 +88,9 @@ class Op:
         grads: parameter indices whose gradient this operator completes (backward).
         dims: ``[M, N, K]`` of the matrix product (a convolution's im2col form:
             ``M = batch * Ho * Wo``, ``N = Cout``, ``K = Cin / groups * kh * kw``).
+        fresh: bytes of the new tensors it returns that are at least
+            :data:`FRESH_LIMIT` each: on the CPU the C library maps each of them afresh
+            and the kernel page-faults it in as it is written (``Profile.fault``).
     """
 
     phase: str
@@ -88,6 +101,7 @@ class Op:
     conv_class: str = ""
     grads: list = field(default_factory=list)
     dims: list = field(default_factory=list)
+    fresh: float = 0.0
 
 
 @dataclass
@@ -110,6 +124,11 @@ class Workload:
     def gradient_bytes(self) -> int:
         return sum(self.param_bytes)
 
+    @property
+    def fresh_bytes(self) -> float:
+        """Bytes allocated afresh per iteration (:attr:`Op.fresh`)."""
+        return sum(o.fresh for o in self.ops)
+
     def flops(self, phase: str | None = None) -> float:
         return sum(o.flops for o in self.ops if phase in (None, o.phase))
 
@@ -130,6 +149,18 @@ def _nbytes(tree) -> int:
     return sum(t.numel() * t.element_size() for t in tree_leaves(tree) if isinstance(t, torch.Tensor))
 
 
+def _fresh(out, inputs=()) -> int:
+    """Bytes of the tensors in ``out`` (not among ``inputs``) of at least
+    :data:`FRESH_LIMIT` each."""
+    import torch
+    from torch.utils._pytree import tree_leaves
+
+    given = {id(t) for t in tree_leaves(inputs)}
+    sizes = (t.numel() * t.element_size() for t in tree_leaves(out)
+             if isinstance(t, torch.Tensor) and id(t) not in given)
+    return sum(n for n in sizes if n >= FRESH_LIMIT)
+
+
 def _conv_dims(w_shape, out_shape) -> list:
     """``[M, N, K]`` of a convolution (see :class:`Op`)."""
     return [out_shape[0] * math.prod(out_shape[2:]), out_shape[1], math.prod(w_shape[1:])]
@@ -143,11 +174,12 @@ def _record(func, args, kwargs, out, phase) -> Op:
     if name.endswith("_") and out is None:
         # In-place multi-tensor kernels return nothing; they write what they read.
         moved += _nbytes(args[0])
+    fresh = 0 if name.endswith("_") else _fresh(out, (args, kwargs))
     if name == _CONV:
         x, w = args[0], args[1]
         dims = _conv_dims(w.shape, out.shape)
         return Op(phase, name, "conv", 2.0 * math.prod(dims), moved,
-                  conv_class(tuple(w.shape[2:]), args[8], x.shape[1]), dims=dims)
+                  conv_class(tuple(w.shape[2:]), args[8], x.shape[1]), dims=dims, fresh=fresh)
     if name == _CONV_BWD:
         grad_out, x, w = args[0], args[1], args[2]
         groups, mask = args[9], args[10]
@@ -157,17 +189,17 @@ def _record(func, args, kwargs, out, phase) -> Op:
         ops = []
         if mask[0]:
             ops.append(Op(phase, name, "dgrad", 2.0 * math.prod(dims), _nbytes((grad_out, w)) + _nbytes(x),
-                          cls, dims=dims))
+                          cls, dims=dims, fresh=_fresh(out[0])))
         if mask[1]:
             ops.append(Op(phase, name, "wgrad", 2.0 * math.prod(dims), _nbytes((grad_out, x)) + _nbytes(w),
-                          cls, dims=dims))
-        return ops or [Op(phase, name, "memory", 0.0, moved)]
+                          cls, dims=dims, fresh=_fresh(out[1])))
+        return ops or [Op(phase, name, "memory", 0.0, moved, fresh=fresh)]
     if name in _GEMM:
         shapes = [a.shape for a in args if hasattr(a, "shape")]
         a, b = shapes[-2], shapes[-1]
         dims = [math.prod(a[:-1]), b[-1], a[-1]]
-        return Op(phase, name, "gemm", 2.0 * math.prod(dims), moved, dims=dims)
-    return Op(phase, name, "memory", 0.0, moved)
+        return Op(phase, name, "gemm", 2.0 * math.prod(dims), moved, dims=dims, fresh=fresh)
+    return Op(phase, name, "memory", 0.0, moved, fresh=fresh)
 
 
 def build_model(model: str, num_classes: int = 1000):
@@ -278,6 +310,11 @@ class Profile:
             uses; a GPU: 1, NCCL runs on its own stream).
         decode_per_core: JPEG decodes per second per host core (ImageNet-sized photo).
         host_us_per_image: host runtime cost per image, microseconds (``bench host``).
+        fault: seconds per byte of a freshly mapped allocation's first writing (page
+            faults: the kernel maps and zeroes each page), charged on ``Op.fresh``;
+            measured by :func:`calibrate` with the profile's threads and processes,
+            whose kernel timings exclude it. 0: no such cost (GPU profiles: the CUDA
+            caching allocator reuses memory; profiles calibrated before it was measured).
     """
 
     name: str
@@ -293,6 +330,7 @@ class Profile:
     overlap: float
     decode_per_core: float
     host_us_per_image: float
+    fault: float = 0.0
 
     def save(self, path: str | os.PathLike) -> Path:
         path = Path(path)
@@ -311,15 +349,18 @@ def _cost(spec: dict, op: Op) -> float:
 
 
 def op_time(profile: Profile, op: Op) -> float:
-    """Predicted seconds of one operator on ``profile``."""
+    """Predicted seconds of one operator on ``profile``: its kernel, plus the page faults
+    of its fresh outputs (``op.fresh * profile.fault``)."""
     if op.kind == "view":
         return profile.view
     if op.kind in ("conv", "dgrad", "wgrad"):
         spec = profile.conv.get(f"{op.kind}:{op.conv_class}") or profile.conv[f"{op.kind}:k3"]
-        return _cost(spec, op)
-    if op.kind == "gemm":
-        return _cost(profile.gemm, op)
-    return _memory_time(profile.memory.get(op.name) or profile.memory["*"], op.bytes)
+        t = _cost(spec, op)
+    elif op.kind == "gemm":
+        t = _cost(profile.gemm, op)
+    else:
+        t = _memory_time(profile.memory.get(op.name) or profile.memory["*"], op.bytes)
+    return t + op.fresh * profile.fault
 
 
 def _memory_time(spec: list, nbytes: float) -> float:
@@ -483,6 +524,37 @@ def _copies(nbytes: float, limit: int = 8) -> int:
     return max(1, min(limit, math.ceil(_WORKING_SET / max(nbytes, 1))))
 
 
+def _fault_cost(torch, sync) -> float:
+    """Seconds per byte that first writing a freshly mapped block costs beyond writing
+    mapped memory: a 128 MiB tensor (above :data:`FRESH_LIMIT`, so each allocation is a
+    new mapping) allocated and filled, against filling one that stays allocated."""
+    n = (128 << 20) // 4
+    kept = torch.empty(n)
+    kept.fill_(1.0)
+    sync()
+    warm = _timed(lambda: kept.fill_(1.0), min_seconds=0.05)
+    sync()
+    fresh = _timed(lambda: torch.empty(n).fill_(1.0), min_seconds=0.05)
+    return max(0.0, fresh - warm) / (4 * n)
+
+
+def _keep_freed_memory() -> bool:
+    """Make the C library keep freed memory in the heap (glibc ``mallopt``: no mmap for
+    blocks under 1 GiB, no trimming), so that kernel timings exclude page faults, which
+    :func:`_fault_cost` measures apart. Returns False where that is not available (the
+    kernels then include them for outputs above :data:`FRESH_LIMIT`)."""
+    import ctypes
+    import ctypes.util
+
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+        mallopt = libc.mallopt
+    except (OSError, AttributeError):
+        return False
+    m_trim_threshold, m_mmap_threshold = -1, -3      # <malloc.h>
+    return bool(mallopt(m_mmap_threshold, 1 << 30)) and bool(mallopt(m_trim_threshold, 1 << 30))
+
+
 def _timed_cycle(fns) -> float:
     """Seconds per call of a kernel built on several copies of its tensors, called in turn."""
     return _timed(lambda: [f() for f in fns]) / len(fns)
@@ -492,14 +564,19 @@ def _calibrate_kernels(threads: int, *, seed: int = 0, per_class: int = 32, quic
                        barrier=None) -> dict:
     """Time the representative kernels on this process (``threads`` intra-op threads).
 
-    Each kernel cycles through enough copies of its tensors to exceed the last-level
-    cache (:data:`_WORKING_SET`). Returns ``{"conv", "gemm", "memory", "view"}`` as
-    :class:`Profile` holds them."""
+    First the page-fault cost of fresh allocations (:func:`_fault_cost`); then, with
+    the C library keeping freed memory (:func:`_keep_freed_memory`, which stays in force
+    for the process: run it in a process of its own), each kernel cycles through enough
+    copies of its tensors to exceed the last-level cache (:data:`_WORKING_SET`).
+    Returns ``{"conv", "gemm", "memory", "view", "fault"}`` as :class:`Profile` holds
+    them."""
     import numpy as np
     import torch
 
     torch.set_num_threads(threads)
     sync = barrier or (lambda: None)
+    fault = _fault_cost(torch, sync)
+    _keep_freed_memory()
     rng = np.random.default_rng(seed)
     aten = torch.ops.aten
     per_class = 8 if quick else per_class
@@ -556,7 +633,7 @@ def _calibrate_kernels(threads: int, *, seed: int = 0, per_class: int = 32, quic
     x = torch.randn(64)
     view = _timed(lambda: x.view(8, 8))
     return {"conv": {k: _fit_dims(v) for k, v in conv.items()},
-            "gemm": _fit_dims(gemm), "memory": memory, "view": view}
+            "gemm": _fit_dims(gemm), "memory": memory, "view": view, "fault": fault}
 
 
 def _recorded_bytes(fn, name: str) -> float:
@@ -649,6 +726,14 @@ def _calibrate_worker(rank: int, procs: int, port: int, queue, threads: int, qui
         dist.destroy_process_group()
 
 
+def _calibrate_alone(rank: int, procs: int, port: int, queue, threads: int, quick: bool) -> None:
+    """One process timing kernels (no all-reduce), in a process of its own because
+    :func:`_calibrate_kernels` changes the C library's allocator settings."""
+    result = _calibrate_kernels(threads, quick=quick)
+    result["allreduce"] = [0.0, float("inf")]
+    queue.put(result)
+
+
 def _decode_per_core() -> float:
     """JPEG decodes per second on one core through the CPU path: a scikit-image photograph
     scaled to the ImageNet samples' mean size and saved at quality 90, 4:2:0."""
@@ -692,18 +777,15 @@ def calibrate(*, procs: int = 1, threads: int | None = None, quick: bool = False
 
     cores = os.cpu_count() or 1
     threads = threads or max(1, cores // procs)
-    if procs == 1:
-        result = _calibrate_kernels(threads, quick=quick)
-        result["allreduce"] = [0.0, float("inf")]
-    else:
-        result = run_ranks(_calibrate_worker, procs, threads, quick)
+    result = run_ranks(_calibrate_alone if procs == 1 else _calibrate_worker, procs, threads, quick)
     source = (f"measured by `dlbooster predict calibrate` on {platform.node()} ({platform.machine()}, "
               f"{cores} cores), {procs} process(es) x {threads} thread(s), "
               f"{datetime.date.today().isoformat()}{' (quick)' if quick else ''}")
     return Profile(name=name or f"cpu-p{procs}", kind="cpu", source=source, threads=threads, procs=procs,
                    conv=result["conv"], gemm=result["gemm"], memory=result["memory"], view=result["view"],
                    allreduce=result["allreduce"], overlap=0.0,
-                   decode_per_core=_decode_per_core(), host_us_per_image=HOST_US_PER_IMAGE)
+                   decode_per_core=_decode_per_core(), host_us_per_image=HOST_US_PER_IMAGE,
+                   fault=result["fault"])
 
 
 # --------------------------------------------------------------------------- shipped profiles
@@ -890,5 +972,6 @@ def predict(work: Workload, profile: Profile, *, gpus: int = 1, nodes: int = 1,
         "bottleneck": bottleneck, "stages": stages,
         "breakdown": {**times, "allreduce": comm_total, "allreduce_exposed": exposed,
                       "gradient_bytes": work.gradient_bytes, "forward_gflop": work.flops("forward") / 1e9,
+                      "fresh_bytes": work.fresh_bytes, "page_faults": work.fresh_bytes * profile.fault,
                       "backward_gflop": work.flops("backward") / 1e9},
     }

@@ -159,6 +159,60 @@ def test_memory_tables_interpolate_in_log_log():
     assert _memory_time([2e-6, 1e9], 1e6) == pytest.approx(2e-6 + 1e-3)
 
 
+def test_outputs_of_32_mib_and_more_are_fresh_allocations():
+    from dlbooster.predict import FRESH_LIMIT
+
+    work = workload("vgg11", 8, image_size=64)
+    fresh = [o for o in work.ops if o.fresh]
+    assert all(o.fresh >= FRESH_LIMIT and o.kind != "view" and not o.name.endswith("_") for o in fresh)
+    # The first classifier layer's weight gradient (4096 x 25088 fp32, 392 MiB) is a
+    # fresh allocation of the backward, and its weight-decay sum one of the optimizer.
+    classifier = 4096 * 25088 * 4
+    assert any(o.phase == "backward" and o.kind == "gemm" and o.fresh == classifier for o in fresh)
+    assert any(o.phase == "optimizer" and o.fresh == classifier for o in fresh)
+    assert work.fresh_bytes == sum(o.fresh for o in fresh)
+    # Small tensors come from the heap: nothing fresh.
+    assert workload("resnet18", 1, image_size=64).fresh_bytes == 0
+
+
+def test_page_faults_are_charged_per_fresh_byte():
+    work = _work()
+    work.ops[0].fresh = 2e9
+    cpu = _profile(kind="cpu", fault=2.5e-10)
+    plain = predict(_work(), cpu)
+    faulted = predict(work, cpu)
+    assert faulted["iteration_s"] == pytest.approx(plain["iteration_s"] + 0.5)
+    assert faulted["breakdown"]["forward"] == pytest.approx(plain["breakdown"]["forward"] + 0.5)
+    assert faulted["breakdown"]["page_faults"] == pytest.approx(0.5)
+    assert faulted["breakdown"]["fresh_bytes"] == 2e9
+    # Profiles saved before the cost was measured charge nothing for it.
+    assert Profile(**{k: v for k, v in cpu.__dict__.items() if k != "fault"}).fault == 0
+
+
+def test_calibration_allocator_keeps_freed_memory():
+    """The calibration's allocator setting removes the page faults of re-allocating a
+    large block (measured in a process of its own: the setting lasts for the process)."""
+    import subprocess
+    import sys
+
+    code = (
+        "import resource, torch\n"
+        "from dlbooster.predict import _keep_freed_memory\n"
+        "def faults():\n"
+        "    before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt\n"
+        "    for _ in range(5):\n"
+        "        torch.empty(16 << 20).fill_(1.0)\n"
+        "    return resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before\n"
+        "default = faults()\n"
+        "assert _keep_freed_memory()\n"
+        "faults()\n"
+        "print(default, faults())\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    default, kept = map(int, out.stdout.split())
+    # 64 MiB in 4 KiB pages: about 16,384 faults per allocation by default.
+    assert default > 5 * 10_000 and kept < default / 10
+
+
 def test_gpu_optimizer_is_recorded_as_multi_tensor_kernels():
     loop = workload("resnet18", 2, image_size=64)
     fused = workload("resnet18", 2, image_size=64, foreach=True)
@@ -214,6 +268,8 @@ def test_calibrated_profile_predicts_a_measured_iteration(tmp_path, monkeypatch)
     # Memory-bound kernels cost more with more bytes, past the cache at least.
     assert profile.memory["add"][1][-1] > profile.memory["add"][1][0]
     assert profile.decode_per_core > 10
+    # Page faults: about 0.1-2 ms per MiB written afresh.
+    assert 1e-11 < profile.fault < 1e-8
     profile.save(tmp_path / "profiles" / "cpu-p1.json")
     assert load_profile("cpu", procs=1) == profile
     report = validate(["squeezenet1_1"], [4], procs=(1,), image_size=64, iterations=3, warmup=1, rounds=2)
