@@ -23,21 +23,27 @@ from .predict import build_model, run_ranks
 __all__ = ["measure_iteration", "validate"]
 
 
-def _time_steps(net, batch_size: int, image_size: int, iterations: int, warmup: int) -> list[float]:
+def _time_steps(net, batch_size: int, image_size: int, iterations: int, warmup: int,
+                device: str = "cpu") -> list[float]:
     import torch
     import torch.nn.functional as F
 
     torch.manual_seed(0)
-    x = torch.randn(batch_size, 3, image_size, image_size)
-    y = torch.randint(0, 1000, (batch_size,))
+    net = net.to(device)
+    x = torch.randn(batch_size, 3, image_size, image_size, device=device)
+    y = torch.randint(0, 1000, (batch_size,), device=device)
     optimizer = torch.optim.SGD(net.parameters(), lr=0.01, momentum=0.9, weight_decay=1e-4)
+    # On a GPU the clock is read after the queued work finishes.
+    wait = torch.cuda.synchronize if torch.device(device).type == "cuda" else (lambda: None)
     times = []
     for step in range(warmup + iterations):
+        wait()
         start = time.perf_counter()
         loss = F.cross_entropy(net(x), y)
         loss.backward()
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
+        wait()
         if step >= warmup:
             times.append(time.perf_counter() - start)
     return times
@@ -62,9 +68,15 @@ def _worker(rank, procs, port, queue, threads, model, batch_size, image_size, it
 
 
 def measure_iteration(model: str, batch_size: int, *, image_size: int = 128, procs: int = 1,
-                      threads: int | None = None, iterations: int = 5, warmup: int = 2) -> float:
+                      threads: int | None = None, iterations: int = 5, warmup: int = 2,
+                      device: str = "cpu") -> float:
     """Median seconds of one training iteration (see the module docstring), with
-    ``threads`` intra-op threads per process (default: cores / procs)."""
+    ``threads`` intra-op threads per process (default: cores / procs); ``device``
+    ``cuda``: one process training on the current GPU (fp32).
+
+    Raises:
+        ValueError: several processes on a GPU.
+    """
     import torch
 
     threads = threads or max(1, (os.cpu_count() or 1) // procs)
@@ -72,15 +84,19 @@ def measure_iteration(model: str, batch_size: int, *, image_size: int = 128, pro
         torch.set_num_threads(threads)
         torch.manual_seed(0)
         return statistics.median(_time_steps(build_model(model), batch_size, image_size,
-                                             iterations, warmup))
+                                             iterations, warmup, device))
+    if device != "cpu":
+        raise ValueError("GPU iterations are measured with one process")
     return statistics.median(run_ranks(_worker, procs, threads, model, batch_size, image_size,
                                        iterations, warmup))
 
 
 def validate(models, batch_sizes, *, procs=(1, 2), image_size: int = 128, iterations: int = 5,
-             warmup: int = 2, rounds: int = 1, progress=None) -> dict:
+             warmup: int = 2, rounds: int = 1, progress=None, device: str = "cpu") -> dict:
     """Measured against predicted iteration time for every model x batch size x process
-    count, with the calibrated ``cpu-p{procs}`` profiles.
+    count, with the calibrated ``cpu-p{procs}`` profiles; or, with ``device`` naming a
+    GPU profile (``cuda``, the calibrated one; a shipped one such as ``h100``; a JSON
+    file), one process training on the current GPU against that profile.
 
     With ``rounds`` > 1 every configuration is measured once per round, the rounds one
     after another over all configurations, so that a slow spell of the machine touches
@@ -97,7 +113,10 @@ def validate(models, batch_sizes, *, procs=(1, 2), image_size: int = 128, iterat
     """
     from .predict import load_profile, predict, workload
 
-    profiles = {p: load_profile("cpu", procs=p) for p in procs}
+    gpu = device != "cpu"
+    if gpu:
+        procs = (1,)
+    profiles = {p: load_profile(device, procs=p) for p in procs}
     rows = []
     for model in models:
         for batch in batch_sizes:
@@ -109,7 +128,8 @@ def validate(models, batch_sizes, *, procs=(1, 2), image_size: int = 128, iterat
         for row in rows:
             row["rounds_s"].append(measure_iteration(row["model"], row["batch_size"], image_size=image_size,
                                                      procs=row["procs"], threads=profiles[row["procs"]].threads,
-                                                     iterations=iterations, warmup=warmup))
+                                                     iterations=iterations, warmup=warmup,
+                                                     device="cuda" if gpu else "cpu"))
             row["measured_s"] = statistics.median(row["rounds_s"])
             row["error_pct"] = 100 * abs(row["predicted_s"] - row["measured_s"]) / row["measured_s"]
             if progress:
@@ -117,4 +137,4 @@ def validate(models, batch_sizes, *, procs=(1, 2), image_size: int = 128, iterat
     errors = [r["error_pct"] for r in rows]
     return {"image_size": image_size, "rounds": rounds, "iterations": iterations, "rows": rows,
             "mean_error_pct": statistics.mean(errors), "worst_error_pct": max(errors),
-            "profiles": {p: profiles[p].source for p in procs}}
+            "profiles": {p: profiles[p].source for p in procs}, "device": device}

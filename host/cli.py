@@ -363,7 +363,12 @@ def _cmd_predict(args: argparse.Namespace) -> int:
 
     image_size = args.image_size or (128 if args.action == "validate" else 224)
     if args.action == "calibrate":
-        profile = calibrate(procs=args.procs, quick=args.quick)
+        try:
+            profile = calibrate(procs=args.procs, quick=args.quick,
+                                device="cpu" if args.device == "cpu" else "cuda")
+        except (ValueError, RuntimeError) as err:
+            print(f"dlbooster predict: {err}", file=sys.stderr)
+            return 2
         path = profile.save(args.out or profile_dir() / f"{profile.name}.json")
         print(f"{path}: {profile.source}")
         return 0
@@ -381,8 +386,8 @@ def _cmd_predict(args: argparse.Namespace) -> int:
         try:
             report = validate(models, batches, procs=procs, image_size=image_size,
                               iterations=args.iterations, rounds=args.rounds,
-                              progress=None if args.quiet else show)
-        except FileNotFoundError as err:
+                              progress=None if args.quiet else show, device=args.device)
+        except (FileNotFoundError, ValueError, RuntimeError) as err:
             print(f"dlbooster predict: {err}", file=sys.stderr)
             return 2
         import datetime
@@ -686,7 +691,7 @@ def _parser() -> argparse.ArgumentParser:
                        description="Predict the iteration time of data-parallel CNN training from the "
                                    "model's per-layer work, a device profile, the network and the input "
                                    "pipeline, and name the limiting stage (host/predict.py). "
-                                   "'predict calibrate' measures this machine's CPU profile; "
+                                   "'predict calibrate' measures this machine's CPU (or GPU) profile; "
                                    "'predict validate' compares predictions with measured iterations.")
     p.add_argument("action", nargs="?", choices=("calibrate", "validate"))
     p.add_argument("--model", default="resnet50", help="torchvision model")
@@ -694,8 +699,10 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--image-size", type=int, help="square input side, pixels (default 224; validate: 128)")
     p.add_argument("--gpus", type=int, default=1, help="data-parallel ranks per node (processes on a CPU)")
     p.add_argument("--nodes", type=int, default=1)
-    p.add_argument("--device", default="cpu", help="profile: cpu (calibrated), a100, v100, h100, t4, "
-                                                   "a calibrated name or a JSON file")
+    p.add_argument("--device", default="cpu", help="profile: cpu (calibrated), cuda (calibrated GPU), a100, "
+                                                   "v100, h100, t4, a calibrated name or a JSON file; "
+                                                   "calibrate: cpu or cuda; validate: a GPU profile "
+                                                   "is validated by training on the current GPU")
     p.add_argument("--network", type=float, metavar="GBPS", help="inter-node bandwidth, Gbit/s")
     p.add_argument("--decoder", metavar="LANESxMHZ|cpu:CORES", help="input pipeline per node")
     p.add_argument("--backward", choices=("autograd", "split"), default="autograd")

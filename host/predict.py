@@ -383,12 +383,16 @@ def _memory_time(spec: list, nbytes: float) -> float:
 
 # --------------------------------------------------------------------------- calibration
 
-def _timed(fn, *, min_seconds: float = 0.01, reps: int = 3) -> float:
+def _timed(fn, *, min_seconds: float = 0.01, reps: int = 3, wait=None) -> float:
     """Median seconds of ``fn()`` after one warm-up call, over ``reps`` samples of at
-    least ``min_seconds`` each (short kernels are looped)."""
+    least ``min_seconds`` each (short kernels are looped). ``wait``: called before each
+    clock read to finish queued work (``torch.cuda.synchronize`` for a GPU)."""
+    wait = wait or (lambda: None)
     fn()
+    wait()
     start = time.perf_counter()
     fn()
+    wait()
     once = max(time.perf_counter() - start, 1e-7)
     loops = max(1, int(min_seconds / once))
     samples = []
@@ -396,6 +400,7 @@ def _timed(fn, *, min_seconds: float = 0.01, reps: int = 3) -> float:
         start = time.perf_counter()
         for _ in range(loops):
             fn()
+        wait()
         samples.append((time.perf_counter() - start) / loops)
     samples.sort()
     return samples[len(samples) // 2]
@@ -555,28 +560,42 @@ def _keep_freed_memory() -> bool:
     return bool(mallopt(m_mmap_threshold, 1 << 30)) and bool(mallopt(m_trim_threshold, 1 << 30))
 
 
-def _timed_cycle(fns) -> float:
+def _timed_cycle(fns, wait=None) -> float:
     """Seconds per call of a kernel built on several copies of its tensors, called in turn."""
-    return _timed(lambda: [f() for f in fns]) / len(fns)
+    return _timed(lambda: [f() for f in fns], wait=wait) / len(fns)
 
 
 def _calibrate_kernels(threads: int, *, seed: int = 0, per_class: int = 32, quick: bool = False,
-                       barrier=None) -> dict:
-    """Time the representative kernels on this process (``threads`` intra-op threads).
+                       barrier=None, device: str = "cpu") -> dict:
+    """Time the representative kernels on this process (``threads`` intra-op threads)
+    on ``device`` (``cpu``, or ``cuda`` for the current GPU).
 
-    First the page-fault cost of fresh allocations (:func:`_fault_cost`); then, with
-    the C library keeping freed memory (:func:`_keep_freed_memory`, which stays in force
-    for the process: run it in a process of its own), each kernel cycles through enough
-    copies of its tensors to exceed the last-level cache (:data:`_WORKING_SET`).
-    Returns ``{"conv", "gemm", "memory", "view", "fault"}`` as :class:`Profile` holds
-    them."""
-    import numpy as np
+    On the CPU, first the page-fault cost of fresh allocations (:func:`_fault_cost`);
+    then, with the C library keeping freed memory (:func:`_keep_freed_memory`, which
+    stays in force for the process: run it in a process of its own), each kernel cycles
+    through enough copies of its tensors to exceed the last-level cache
+    (:data:`_WORKING_SET`). Returns ``{"conv", "gemm", "memory", "view", "fault"}`` as
+    :class:`Profile` holds them."""
     import torch
 
     torch.set_num_threads(threads)
+    dev = torch.device(device)
     sync = barrier or (lambda: None)
-    fault = _fault_cost(torch, sync)
-    _keep_freed_memory()
+    wait = torch.cuda.synchronize if dev.type == "cuda" else None
+    fault = 0.0
+    if dev.type == "cpu":
+        fault = _fault_cost(torch, sync)
+        _keep_freed_memory()
+    with dev:   # every tensor the kernels use is made on the device
+        return {**_time_kernels(seed, per_class, quick, sync, wait), "fault": fault}
+
+
+def _time_kernels(seed: int, per_class: int, quick: bool, sync, wait) -> dict:
+    """The kernel timings of :func:`_calibrate_kernels` on the default device; ``sync``
+    lines the ranks up before each timing, ``wait`` finishes queued device work."""
+    import numpy as np
+    import torch
+
     rng = np.random.default_rng(seed)
     aten = torch.ops.aten
     per_class = 8 if quick else per_class
@@ -605,7 +624,7 @@ def _calibrate_kernels(threads: int, *, seed: int = 0, per_class: int = 32, quic
             dims = [out_numel // cout, cout, cin // groups * k * k]
             for kind, calls in fns.items():
                 sync()
-                conv.setdefault(f"{kind}:{cls}", []).append((dims, size, _timed_cycle(calls)))
+                conv.setdefault(f"{kind}:{cls}", []).append((dims, size, _timed_cycle(calls, wait)))
     gemm = []
     while len(gemm) < per_class:
         # Batch-sized rows against layer-sized matrices, as classifier layers multiply.
@@ -616,7 +635,7 @@ def _calibrate_kernels(threads: int, *, seed: int = 0, per_class: int = 32, quic
             continue
         pairs = [(torch.randn(m, k), torch.randn(k, n)) for _ in range(_copies(size))]
         sync()
-        gemm.append(([m, n, k], size, _timed_cycle([lambda p=p: p[0] @ p[1] for p in pairs])))
+        gemm.append(([m, n, k], size, _timed_cycle([lambda p=p: p[0] @ p[1] for p in pairs], wait)))
     memory = {}
     sizes = [1 << e for e in range(12, 21 if quick else 25, 2)]
     for name, build in _memory_kernels(torch).items():
@@ -627,13 +646,13 @@ def _calibrate_kernels(threads: int, *, seed: int = 0, per_class: int = 32, quic
             calls = [first] + [build(n) for _ in range(_copies(moved) - 1)]
             sync()
             table[0].append(moved)
-            table[1].append(_timed_cycle(calls))
+            table[1].append(_timed_cycle(calls, wait))
         memory[name] = table
     memory["*"] = memory["add"]        # unlisted operators priced as a binary elementwise op
     x = torch.randn(64)
-    view = _timed(lambda: x.view(8, 8))
+    view = _timed(lambda: x.view(8, 8), wait=wait)
     return {"conv": {k: _fit_dims(v) for k, v in conv.items()},
-            "gemm": _fit_dims(gemm), "memory": memory, "view": view, "fault": fault}
+            "gemm": _fit_dims(gemm), "memory": memory, "view": view}
 
 
 def _recorded_bytes(fn, name: str) -> float:
@@ -726,10 +745,11 @@ def _calibrate_worker(rank: int, procs: int, port: int, queue, threads: int, qui
         dist.destroy_process_group()
 
 
-def _calibrate_alone(rank: int, procs: int, port: int, queue, threads: int, quick: bool) -> None:
+def _calibrate_alone(rank: int, procs: int, port: int, queue, threads: int, quick: bool,
+                     device: str = "cpu") -> None:
     """One process timing kernels (no all-reduce), in a process of its own because
     :func:`_calibrate_kernels` changes the C library's allocator settings."""
-    result = _calibrate_kernels(threads, quick=quick)
+    result = _calibrate_kernels(threads, quick=quick, device=device)
     result["allreduce"] = [0.0, float("inf")]
     queue.put(result)
 
@@ -759,28 +779,50 @@ def _decode_per_core() -> float:
 
 
 def calibrate(*, procs: int = 1, threads: int | None = None, quick: bool = False,
-              name: str | None = None) -> Profile:
-    """Measure a CPU profile of this machine (see the module docstring).
+              name: str | None = None, device: str = "cpu") -> Profile:
+    """Measure a profile of this machine's CPU, or of its current GPU (see the module
+    docstring).
 
     Args:
         procs: processes timing at once (data-parallel ranks per node; ``> 1`` also
-            measures the gloo all-reduce between them).
+            measures the gloo all-reduce between them; CPU only).
         threads: intra-op threads per process (default: cores / procs).
         quick: fewer and smaller kernels (tests; seconds instead of minutes).
-        name: profile name (default ``cpu-p{procs}``).
+        name: profile name (default ``cpu-p{procs}``; ``cuda`` for a GPU).
+        device: ``cpu`` or ``cuda``. A GPU profile has one device: no all-reduce is
+            measured (:func:`predict` refuses it for several ranks), communication is
+            taken as overlapped (NCCL's own stream) and no page faults are charged (the
+            CUDA caching allocator reuses memory).
 
     Returns:
-        The :class:`Profile` (``source`` names the machine and date).
+        The :class:`Profile` (``source`` names the machine and date, and the GPU).
+
+    Raises:
+        ValueError: ``procs > 1`` on a GPU; RuntimeError: no CUDA device.
     """
     import datetime
     import platform
 
     cores = os.cpu_count() or 1
     threads = threads or max(1, cores // procs)
+    when = f"{datetime.date.today().isoformat()}{' (quick)' if quick else ''}"
+    if device != "cpu":
+        import torch
+
+        if procs != 1:
+            raise ValueError("a GPU profile is calibrated with one process")
+        if not torch.cuda.is_available():
+            raise RuntimeError("no CUDA device: calibrate the CPU instead")
+        result = run_ranks(_calibrate_alone, 1, threads, quick, "cuda")
+        source = (f"measured by `dlbooster predict calibrate --device cuda` on {platform.node()}, "
+                  f"{torch.cuda.get_device_name()}, {when}")
+        return Profile(name=name or "cuda", kind="gpu", source=source, threads=threads, procs=1,
+                       conv=result["conv"], gemm=result["gemm"], memory=result["memory"],
+                       view=result["view"], allreduce=result["allreduce"], overlap=1.0,
+                       decode_per_core=_decode_per_core(), host_us_per_image=HOST_US_PER_IMAGE)
     result = run_ranks(_calibrate_alone if procs == 1 else _calibrate_worker, procs, threads, quick)
     source = (f"measured by `dlbooster predict calibrate` on {platform.node()} ({platform.machine()}, "
-              f"{cores} cores), {procs} process(es) x {threads} thread(s), "
-              f"{datetime.date.today().isoformat()}{' (quick)' if quick else ''}")
+              f"{cores} cores), {procs} process(es) x {threads} thread(s), {when}")
     return Profile(name=name or f"cpu-p{procs}", kind="cpu", source=source, threads=threads, procs=procs,
                    conv=result["conv"], gemm=result["gemm"], memory=result["memory"], view=result["view"],
                    allreduce=result["allreduce"], overlap=0.0,
@@ -901,7 +943,8 @@ def predict(work: Workload, profile: Profile, *, gpus: int = 1, nodes: int = 1,
 
     Raises:
         ValueError: several nodes without ``network_gbps``; unknown ``backward``; a CPU
-            profile measured with another number of processes than ``gpus``.
+            profile measured with another number of processes than ``gpus``; several
+            devices on one node with a profile that has no all-reduce (a calibrated GPU).
     """
     from .hw.synth import IMAGENET_CLOCKS, IMAGENET_PIXELS
 
@@ -912,6 +955,9 @@ def predict(work: Workload, profile: Profile, *, gpus: int = 1, nodes: int = 1,
     if profile.kind == "cpu" and profile.procs != gpus:
         raise ValueError(f"CPU profile {profile.name!r} was measured with {profile.procs} process(es), "
                          f"not {gpus}: ranks share the machine; run `dlbooster predict calibrate --procs {gpus}`")
+    if gpus > 1 and nodes == 1 and math.isinf(profile.allreduce[1]):
+        raise ValueError(f"profile {profile.name!r} has no all-reduce measurement: predict one device with it, "
+                         f"or use a profile that has one")
     times = {"forward": 0.0, "input_gradient": 0.0, "weight_gradient": 0.0, "backward_other": 0.0,
              "optimizer": 0.0}
     clock = 0.0

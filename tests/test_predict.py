@@ -282,6 +282,39 @@ def test_calibrated_profile_predicts_a_measured_iteration(tmp_path, monkeypatch)
     assert math.isfinite(report["mean_error_pct"])
 
 
+def test_a_profile_without_an_allreduce_predicts_one_device_only():
+    single = _profile(allreduce=[0.0, float("inf")])
+    assert predict(_work(), single, gpus=1)["iteration_s"] == pytest.approx(4.5)
+    with pytest.raises(ValueError, match="no all-reduce"):
+        predict(_work(), single, gpus=2)
+    # Across nodes the network bounds the ring.
+    assert predict(_work(), single, gpus=1, nodes=2, network_gbps=8)["breakdown"]["allreduce"] > 0
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the refusal without a GPU")
+def test_gpu_calibration_without_cuda_is_refused(capsys):
+    with pytest.raises(RuntimeError, match="no CUDA device"):
+        calibrate(device="cuda")
+    with pytest.raises(ValueError, match="one process"):
+        calibrate(device="cuda", procs=2)
+    assert main(["predict", "calibrate", "--device", "cuda"]) == 2
+    assert "no CUDA device" in capsys.readouterr().err
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_cuda_calibrated_profile_predicts_a_measured_gpu_iteration(tmp_path, monkeypatch):
+    from dlbooster.bench_predict import validate
+
+    monkeypatch.setenv("DLBOOSTER_CACHE", str(tmp_path))
+    profile = calibrate(device="cuda", quick=True)
+    assert profile.kind == "gpu" and profile.fault == 0 and torch.cuda.get_device_name() in profile.source
+    profile.save(tmp_path / "profiles" / "cuda.json")
+    report = validate(["resnet18"], [16], image_size=64, iterations=5, warmup=2, device="cuda")
+    (row,) = report["rows"]
+    assert row["procs"] == 1 and row["measured_s"] > 0
+    assert 0.2 < row["predicted_s"] / row["measured_s"] < 5
+
+
 def test_two_process_calibration_measures_the_allreduce():
     profile = calibrate(procs=2, quick=True)
     latency, rate = profile.allreduce
