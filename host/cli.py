@@ -363,9 +363,12 @@ def _cmd_predict(args: argparse.Namespace) -> int:
 
     image_size = args.image_size or (128 if args.action == "validate" else 224)
     if args.action == "calibrate":
+        if args.device not in ("cpu", "cuda"):
+            print(f"dlbooster predict: calibrate measures --device cpu or cuda, not {args.device!r}",
+                  file=sys.stderr)
+            return 2
         try:
-            profile = calibrate(procs=args.procs, quick=args.quick,
-                                device="cpu" if args.device == "cpu" else "cuda")
+            profile = calibrate(procs=args.procs, quick=args.quick, device=args.device)
         except (ValueError, RuntimeError) as err:
             print(f"dlbooster predict: {err}", file=sys.stderr)
             return 2

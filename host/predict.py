@@ -529,10 +529,12 @@ def _copies(nbytes: float, limit: int = 8) -> int:
     return max(1, min(limit, math.ceil(_WORKING_SET / max(nbytes, 1))))
 
 
-def _fault_cost(torch, sync) -> float:
+def _fault_cost(sync) -> float:
     """Seconds per byte that first writing a freshly mapped block costs beyond writing
     mapped memory: a 128 MiB tensor (above :data:`FRESH_LIMIT`, so each allocation is a
     new mapping) allocated and filled, against filling one that stays allocated."""
+    import torch
+
     n = (128 << 20) // 4
     kept = torch.empty(n)
     kept.fill_(1.0)
@@ -546,8 +548,7 @@ def _fault_cost(torch, sync) -> float:
 def _keep_freed_memory() -> bool:
     """Make the C library keep freed memory in the heap (glibc ``mallopt``: no mmap for
     blocks under 1 GiB, no trimming), so that kernel timings exclude page faults, which
-    :func:`_fault_cost` measures apart. Returns False where that is not available (the
-    kernels then include them for outputs above :data:`FRESH_LIMIT`)."""
+    :func:`_fault_cost` measures apart. Returns False where that is not available."""
     import ctypes
     import ctypes.util
 
@@ -574,7 +575,10 @@ def _calibrate_kernels(threads: int, *, seed: int = 0, per_class: int = 32, quic
     then, with the C library keeping freed memory (:func:`_keep_freed_memory`, which
     stays in force for the process: run it in a process of its own), each kernel cycles
     through enough copies of its tensors to exceed the last-level cache
-    (:data:`_WORKING_SET`). Returns ``{"conv", "gemm", "memory", "view", "fault"}`` as
+    (:data:`_WORKING_SET`). Where the C library cannot be told to keep freed memory,
+    the kernels' own timings include the faults of their outputs above
+    :data:`FRESH_LIMIT`, and the fault cost is 0 so that they are not charged twice.
+    Returns ``{"conv", "gemm", "memory", "view", "fault"}`` as
     :class:`Profile` holds them."""
     import torch
 
@@ -584,8 +588,9 @@ def _calibrate_kernels(threads: int, *, seed: int = 0, per_class: int = 32, quic
     wait = torch.cuda.synchronize if dev.type == "cuda" else None
     fault = 0.0
     if dev.type == "cpu":
-        fault = _fault_cost(torch, sync)
-        _keep_freed_memory()
+        fault = _fault_cost(sync)
+        if not _keep_freed_memory():
+            fault = 0.0
     with dev:   # every tensor the kernels use is made on the device
         return {**_time_kernels(seed, per_class, quick, sync, wait), "fault": fault}
 

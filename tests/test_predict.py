@@ -213,6 +213,17 @@ def test_calibration_allocator_keeps_freed_memory():
     assert default > 5 * 10_000 and kept < default / 10
 
 
+def test_fault_cost_is_not_charged_where_kernels_include_it(monkeypatch):
+    """Where the C library cannot keep freed memory, the kernels' timings include their
+    page faults: the profile then charges none (not twice)."""
+    import dlbooster.predict as P
+
+    monkeypatch.setattr(P, "_time_kernels", lambda *args: {})
+    for kept, charged in ((False, False), (True, True)):
+        monkeypatch.setattr(P, "_keep_freed_memory", lambda kept=kept: kept)
+        assert (P._calibrate_kernels(1)["fault"] > 0) == charged
+
+
 def test_gpu_optimizer_is_recorded_as_multi_tensor_kernels():
     loop = workload("resnet18", 2, image_size=64)
     fused = workload("resnet18", 2, image_size=64, foreach=True)
@@ -299,6 +310,8 @@ def test_gpu_calibration_without_cuda_is_refused(capsys):
         calibrate(device="cuda", procs=2)
     assert main(["predict", "calibrate", "--device", "cuda"]) == 2
     assert "no CUDA device" in capsys.readouterr().err
+    assert main(["predict", "calibrate", "--device", "h100"]) == 2
+    assert "cpu or cuda" in capsys.readouterr().err
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
