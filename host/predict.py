@@ -91,6 +91,7 @@ class Op:
         fresh: bytes of the new tensors it returns that are at least
             :data:`FRESH_LIMIT` each: on the CPU the C library maps each of them afresh
             and the kernel page-faults it in as it is written (``Profile.fault``).
+            Convolutions add their working copies (:func:`_conv_copies`).
     """
 
     phase: str
@@ -161,6 +162,20 @@ def _fresh(out, inputs=()) -> int:
     return sum(n for n in sizes if n >= FRESH_LIMIT)
 
 
+def _conv_copies(*activations) -> int:
+    """Bytes of the working copies a CPU convolution kernel makes of its activation
+    tensors (input and output for the forward; output gradient and input gradient for
+    the input gradient; input and output gradient for the weight gradient) that are at
+    least :data:`FRESH_LIMIT` each. oneDNN, PyTorch's CPU convolution, computes in a
+    channel-blocked layout (``nChw8c`` with AVX2) and reorders contiguous NCHW tensors
+    into and out of it through temporaries of the same size, each a fresh allocation.
+    Measured (minor page faults per call, torch 2.14, oneDNN 3.12): a 3x3 convolution of
+    a 128 MiB input into a 256 MiB output faults 640 MiB (output, input copy, output
+    copy), its input gradient 512 MiB, its weight gradient 384 MiB; likewise for 1x1,
+    5x5, grouped and depthwise convolutions."""
+    return sum(n for n in (_nbytes(a) for a in activations) if n >= FRESH_LIMIT)
+
+
 def _conv_dims(w_shape, out_shape) -> list:
     """``[M, N, K]`` of a convolution (see :class:`Op`)."""
     return [out_shape[0] * math.prod(out_shape[2:]), out_shape[1], math.prod(w_shape[1:])]
@@ -179,7 +194,8 @@ def _record(func, args, kwargs, out, phase) -> Op:
         x, w = args[0], args[1]
         dims = _conv_dims(w.shape, out.shape)
         return Op(phase, name, "conv", 2.0 * math.prod(dims), moved,
-                  conv_class(tuple(w.shape[2:]), args[8], x.shape[1]), dims=dims, fresh=fresh)
+                  conv_class(tuple(w.shape[2:]), args[8], x.shape[1]), dims=dims,
+                  fresh=fresh + _conv_copies(x, out))
     if name == _CONV_BWD:
         grad_out, x, w = args[0], args[1], args[2]
         groups, mask = args[9], args[10]
@@ -189,10 +205,10 @@ def _record(func, args, kwargs, out, phase) -> Op:
         ops = []
         if mask[0]:
             ops.append(Op(phase, name, "dgrad", 2.0 * math.prod(dims), _nbytes((grad_out, w)) + _nbytes(x),
-                          cls, dims=dims, fresh=_fresh(out[0])))
+                          cls, dims=dims, fresh=_fresh(out[0]) + _conv_copies(grad_out, out[0])))
         if mask[1]:
             ops.append(Op(phase, name, "wgrad", 2.0 * math.prod(dims), _nbytes((grad_out, x)) + _nbytes(w),
-                          cls, dims=dims, fresh=_fresh(out[1])))
+                          cls, dims=dims, fresh=_fresh(out[1]) + _conv_copies(x, grad_out)))
         return ops or [Op(phase, name, "memory", 0.0, moved, fresh=fresh)]
     if name in _GEMM:
         shapes = [a.shape for a in args if hasattr(a, "shape")]
@@ -299,6 +315,8 @@ class Profile:
             (``log t = a + m log M + n log N + k log K + b log bytes`` over the product's
             dimensions, :class:`Op` ``dims``; fitted to measurements) or
             ``{"roof": [t0, flops/s, bytes/s]}`` (``t0 + max(flops / rate, bytes / bw)``).
+            A fitted cost may also hold ``"peak"``: the highest rate (flops/s) measured
+            for it; no prediction is faster than its flops at that rate.
         memory: ``{operator: cost}``, a cost being ``[t0, bytes/s]`` or a measured
             table ``[[bytes, ...], [seconds, ...]]`` (:func:`_memory_time`); ``"*"``
             prices unlisted operators.
@@ -343,7 +361,9 @@ def _cost(spec: dict, op: Op) -> float:
     if "dims" in spec:
         a, *b = spec["dims"]
         logs = [math.log(max(v, 1.0)) for v in (*op.dims, op.bytes)]
-        return math.exp(a + sum(c * v for c, v in zip(b, logs)))
+        # The log-linear fit's exponents sum below 1 (small products waste more), so
+        # beyond the calibrated sizes it would promise rates no kernel reached.
+        return max(math.exp(a + sum(c * v for c, v in zip(b, logs))), op.flops / spec.get("peak", math.inf))
     t0, rate, bw = spec["roof"]
     return t0 + max(op.flops / rate, op.bytes / bw)
 
@@ -442,13 +462,15 @@ def _conv_shapes(cls: str, rng, count: int, max_flops: float) -> list:
 
 def _fit_dims(samples: list) -> dict:
     """Least squares of ``log t`` on ``1, log M, log N, log K, log bytes`` over
-    ``((M, N, K), bytes, t)`` samples."""
+    ``((M, N, K), bytes, t)`` samples, and the highest rate measured (``peak``,
+    ``2 M N K / t`` flops/s)."""
     import numpy as np
 
     a = np.array([[1.0, *(math.log(v) for v in dims), math.log(b)] for dims, b, _ in samples])
     y = np.array([math.log(t) for _, _, t in samples])
     coef, *_ = np.linalg.lstsq(a, y, rcond=None)
-    return {"dims": [float(c) for c in coef]}
+    peak = max(2.0 * math.prod(dims) / t for dims, _, t in samples)
+    return {"dims": [float(c) for c in coef], "peak": peak}
 
 
 def _fit_linear(samples: list) -> list:
@@ -604,7 +626,8 @@ def _time_kernels(seed: int, per_class: int, quick: bool, sync, wait) -> dict:
     rng = np.random.default_rng(seed)
     aten = torch.ops.aten
     per_class = 8 if quick else per_class
-    max_flops = 2e8 if quick else 1e10
+    # Up to 40 GFLOP: VGG's convolutions at batch 32 and 128x128 reach 39.
+    max_flops = 2e8 if quick else 4e10
     conv: dict[str, list] = {}
     for cls in ("k1", "k3", "kn", "dw", "group"):
         for n, cin, h, cout, k, stride, groups in _conv_shapes(cls, rng, per_class, max_flops):

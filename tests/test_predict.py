@@ -175,6 +175,83 @@ def test_outputs_of_32_mib_and_more_are_fresh_allocations():
     assert workload("resnet18", 1, image_size=64).fresh_bytes == 0
 
 
+def test_convolutions_count_their_working_copies_as_fresh():
+    """oneDNN reorders a convolution's activations into a channel-blocked layout through
+    temporaries of the same size: at batch 32 and 128x128 VGG-11's first convolution
+    (6 MiB in, 128 MiB out) allocates its output and a copy of it afresh."""
+    work = workload("vgg11", 32, image_size=128)
+    first = next(o for o in work.ops if o.kind == "conv")
+    out = 32 * 64 * 128 * 128 * 4
+    assert first.fresh == 2 * out
+    # Its weight gradient (the image needs no input gradient) copies the output gradient.
+    wgrad = [o for o in work.ops if o.kind == "wgrad"][-1]
+    assert wgrad.dims == first.dims and wgrad.fresh == out
+    # The second convolution (128 MiB in after pooling: 32 MiB; 64 MiB out): output,
+    # input copy and output copy; its input gradient: the gradient, its copy and the
+    # output gradient's copy.
+    second = [o for o in work.ops if o.kind == "conv"][1]
+    assert second.fresh == (64 + 32 + 64) << 20
+    dgrad = next(o for o in work.ops if o.kind == "dgrad" and o.dims == second.dims)
+    assert dgrad.fresh == (32 + 32 + 64) << 20
+
+
+def test_recorded_fresh_bytes_match_the_page_faults_of_real_convolutions():
+    """The fresh bytes recorded for a convolution's forward, input gradient and weight
+    gradient equal the page faults the real CPU kernels take (counted in a process of
+    its own with getrusage; a 32 MiB input, a 32 MiB output)."""
+    import subprocess
+    import sys
+
+    code = (
+        "import resource, torch\n"
+        "from torch.utils._python_dispatch import TorchDispatchMode\n"
+        "from dlbooster.predict import _record\n"
+        "torch.set_num_threads(1)\n"
+        "rows = []\n"
+        "class Count(TorchDispatchMode):\n"
+        "    def __torch_dispatch__(self, func, types, args=(), kwargs=None):\n"
+        "        before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt\n"
+        "        out = func(*args, **(kwargs or {}))\n"
+        "        faulted = (resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before) * resource.getpagesize()\n"
+        "        if func.overloadpacket.__name__.startswith('convolution'):\n"
+        "            rec = _record(func, args, kwargs or {}, out, 'x')\n"
+        "            rows.append((sum(o.fresh for o in (rec if isinstance(rec, list) else [rec])), faulted))\n"
+        "        return out\n"
+        "x = torch.randn(8, 64, 128, 128, requires_grad=True)\n"
+        "w = torch.randn(64, 64, 3, 3, requires_grad=True)\n"
+        "g = torch.randn(8, 64, 128, 128)\n"
+        "for _ in range(2):\n"
+        "    rows.clear()\n"
+        "    with Count():\n"
+        "        torch.nn.functional.conv2d(x, w, None, 1, 1).backward(g)\n"
+        "print(*(f'{r}:{f}' for r, f in rows))\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    rows = [tuple(map(int, pair.split(":"))) for pair in out.stdout.split()]
+    mib = 1 << 20
+    # Forward: output, input copy, output copy; backward (both gradients): the input
+    # gradient, its copy and the output gradient's copy, then the input's and the output
+    # gradient's copies.
+    assert [r for r, _ in rows] == [96 * mib, 160 * mib]
+    for recorded, faulted in rows:
+        assert 0.9 * recorded <= faulted <= 1.1 * recorded, (recorded, faulted)
+
+
+def test_fitted_costs_never_beat_their_measured_peak():
+    from dlbooster.predict import _cost, _fit_dims
+
+    # Times that grow as (M N K)^0.6: the fit extrapolates to ever higher rates.
+    samples = [([m, 64, 64], 1e6, 1e-9 * (m * 64 * 64) ** 0.6) for m in (64, 256, 1024, 4096)]
+    spec = _fit_dims(samples)
+    assert spec["peak"] == pytest.approx(max(2 * m * 64 * 64 / t for (m, *_), _, t in samples))
+    small = Op("forward", "mm", "gemm", 2.0 * 256 * 64 * 64, 1e6, dims=[256, 64, 64])
+    assert _cost(spec, small) == pytest.approx(1e-9 * (256 * 64 * 64) ** 0.6, rel=1e-6)
+    huge = Op("forward", "mm", "gemm", 2.0 * 2**24 * 64 * 64, 1e6, dims=[2**24, 64, 64])
+    assert _cost(spec, huge) == pytest.approx(huge.flops / spec["peak"])
+    # Profiles fitted before the peak was kept are not capped.
+    uncapped = {"dims": spec["dims"]}
+    assert _cost(uncapped, huge) < _cost(spec, huge) / 10
+
+
 def test_page_faults_are_charged_per_fresh_byte():
     work = _work()
     work.ops[0].fresh = 2e9
