@@ -411,3 +411,33 @@ def test_two_process_calibration_measures_the_allreduce():
     assert profile.procs == 2 and profile.threads >= 1
     # Local gloo: tens of microseconds to a millisecond per step, 0.1-100 GB/s.
     assert 1e-6 < latency < 0.01 and 1e8 < rate < 1e11
+
+
+def test_rescoring_a_saved_validation_prices_its_measurements_with_other_profiles(tmp_path, capsys):
+    """scripts/predict_rescore.py: each row's error against the profile of its process
+    count, nothing measured again."""
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).parents[1] / "scripts" / "predict_rescore.py"
+    spec = importlib.util.spec_from_file_location("predict_rescore", path)
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    work = workload("squeezenet1_1", 2, image_size=64)
+    p1, p2 = _profile(kind="cpu"), _profile(kind="cpu", procs=2, overlap=0.0)
+    one, two = predict(work, p1, gpus=1)["iteration_s"], predict(work, p2, gpus=2)["iteration_s"]
+    validation = {"image_size": 64, "rows": [
+        {"model": "squeezenet1_1", "batch_size": 2, "procs": 1, "measured_s": one / 0.8},   # 20 % under
+        {"model": "squeezenet1_1", "batch_size": 2, "procs": 2, "measured_s": two / 1.5}]}  # 50 % over
+    score = script.rescore(validation, p1, p2)
+    assert score["mean_error_pct_1"] == pytest.approx(20.0)
+    assert score["mean_error_pct_2"] == pytest.approx(50.0)
+    assert score["mean_error_pct"] == pytest.approx(35.0) and score["worst_error_pct"] == pytest.approx(50.0)
+    files = []
+    for name, profile in (("p1", p1), ("p2", p2)):
+        files.append(tmp_path / f"{name}.json")
+        profile.save(files[-1])
+    (tmp_path / "v.json").write_text(json.dumps(validation))
+    assert script.main([str(tmp_path / "v.json"), *map(str, files), "--json", str(tmp_path / "out.json")]) == 0
+    assert "35.0" in capsys.readouterr().out
+    assert json.loads((tmp_path / "out.json").read_text())["results"][0]["mean_error_pct"] == pytest.approx(35.0)
