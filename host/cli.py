@@ -711,7 +711,9 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--backward", choices=("autograd", "split"), default="autograd")
     p.add_argument("--json", nargs="?", const="-", metavar="FILE", help="print the result as JSON (or write FILE)")
     p.add_argument("--procs", type=int, default=1, help="calibrate: processes timing at once")
-    p.add_argument("--quick", action="store_true", help="calibrate: fewer, smaller kernels")
+    p.add_argument("--quick", action="store_true",
+                   help="calibrate: fewer, smaller kernels (a rough profile for tests: kernels beyond "
+                        "its 0.2 GFLOP are priced at the best rate it measured)")
     p.add_argument("--out", metavar="FILE", help="calibrate: where to write the profile")
     p.add_argument("--models", default="resnet18,resnet50,mobilenet_v2,vgg11,densenet121,squeezenet1_1,"
                                         "googlenet,shufflenet_v2_x1_0", help="validate: models")

@@ -43,7 +43,8 @@ def rescore(validation: dict, p1: Profile, p2: Profile) -> dict:
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("validation", type=Path)
-    parser.add_argument("profiles", type=Path, nargs="+", help="pairs: 1-process profile, 2-process profile")
+    parser.add_argument("profiles", type=Path, nargs="+",
+                        help="pairs: 1-process profile, 2-process profile")
     parser.add_argument("--json", type=Path)
     args = parser.parse_args(argv)
     if len(args.profiles) % 2:
