@@ -251,6 +251,8 @@ def workload(model: str, batch_size: int, *, image_size: int = 224, num_classes:
 
     Returns:
         :class:`Workload`; no memory is allocated for activations (meta tensors).
+        RegNets, whose builders compute with tensors, hold their parameters on the CPU
+        while they are built.
 
     Raises:
         ValueError: not a torchvision classification model.
@@ -258,8 +260,13 @@ def workload(model: str, batch_size: int, *, image_size: int = 224, num_classes:
     import torch
     from torch.utils._python_dispatch import TorchDispatchMode
 
-    with torch.device("meta"):
-        net = build_model(model, num_classes=num_classes)
+    try:
+        with torch.device("meta"):
+            net = build_model(model, num_classes=num_classes)
+    except NotImplementedError:
+        # RegNet computes its widths with tensors while it is built, which meta tensors
+        # cannot give back as numbers: build it on the CPU once, then drop the values.
+        net = build_model(model, num_classes=num_classes).to("meta")
     net.train()
     params = [p for p in net.parameters() if p.requires_grad]
     ops: list[Op] = []

@@ -45,6 +45,14 @@ def test_depthwise_and_grouped_convolutions_are_classified():
     assert "dw" in {o.conv_class for o in shuffle.ops if o.kind == "conv"}
 
 
+def test_regnet_whose_builder_computes_with_tensors_is_recorded():
+    work = workload("regnet_x_400mf", 2, image_size=64)
+    # torchvision's RegNetX-400MF: 5,495,976 parameters; grouped 3x3 convolutions.
+    assert work.gradient_bytes == 4 * 5_495_976
+    assert "group" in {o.conv_class for o in work.ops if o.kind == "conv"}
+    assert all(o.flops > 0 for o in work.ops if o.kind == "conv")
+
+
 def test_unknown_model_is_rejected():
     with pytest.raises(ValueError, match="not a torchvision model"):
         workload("resnet_unknown", 1)
