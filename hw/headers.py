@@ -107,20 +107,22 @@ class HeaderParser(wiring.Component):
     def elaborate(self, platform):
         m = Module()
 
-        # Byte source: the held input beat and the index of its next byte. The beat's data
-        # shifts down a byte per byte taken, so while bytes remain the next one is its low
-        # byte (no byte-select multiplexer in front of the parser's decisions).
+        # Byte source: the held input beat and the count of its bytes not yet taken (0
+        # whenever no beat is held). The beat's data shifts down a byte per byte taken, so
+        # while bytes remain the next one is its low byte (no byte-select multiplexer in
+        # front of the parser's decisions), and a byte is there when the count is not 0
+        # (no compare with the beat's length).
         held = Signal(InputBeat)
         held_valid = Signal()
-        pos = Signal(3)
+        left = Signal(3)
         take = Signal()
         byte = Signal(8)
-        byte_valid = held_valid & (pos < held.n)
+        byte_valid = left != 0
         m.d.comb += byte.eq(held.data[:8])
-        at_end = held_valid & held.last & (pos >= held.n)
+        at_end = held_valid & held.last & (left == 0)
         with m.If(take):
-            m.d.sync += [pos.eq(pos + 1), held.data.eq(held.data >> 8)]
-        refill = ~held_valid | (pos >= held.n) | ((pos + 1 >= held.n) & take)
+            m.d.sync += [left.eq(left - 1), held.data.eq(held.data >> 8)]
+        refill = (left == 0) | ((left == 1) & take)
         forwarding = Signal()        # in FORWARD
         passing = Signal()           # FORWARD, input beats go straight to ``entropy``
         draining = Signal()          # DRAIN, input beats are dropped
@@ -133,6 +135,7 @@ class HeaderParser(wiring.Component):
 
         status = Signal(5)
         remaining = Signal(16)       # bytes left in the segment
+        in_seg = Signal()            # remaining != 0, registered: it gates every segment byte
         k = Signal(9)                # position inside the current item
         sof_comp = Signal(2)         # SOF: component of the byte at k >= 6
         sof_field = Signal(2)        # SOF: its field (0 C, 1 H/V, 2 Tq)
@@ -161,7 +164,8 @@ class HeaderParser(wiring.Component):
         comp_td = Array(Signal(2, name=f"td{c}") for c in range(3))
         comp_ta = Array(Signal(2, name=f"ta{c}") for c in range(3))
         restart = Signal(16)
-        ns = Signal(8)
+        sos_todo = Signal(9)         # SOS: component selector and table bytes still to come
+        sos_comp = Signal(2)         # SOS: component of the next such byte
         copy_comp = Signal(2)
 
         marker = Signal(8)
@@ -177,18 +181,18 @@ class HeaderParser(wiring.Component):
 
         # A segment byte is consumed only while remaining > 0; running out of segment
         # mid-item is a malformed segment.
-        seg_byte = byte_valid & (remaining != 0)
+        seg_byte = byte_valid & in_seg
 
         def consume():
             m.d.comb += take.eq(1)
-            m.d.sync += remaining.eq(remaining - 1)
+            m.d.sync += [remaining.eq(remaining - 1), in_seg.eq(remaining != 1)]
 
         def fail(code_):
             m.d.sync += status.eq(code_)
             m.next = "DRAIN"
 
         def segment_done():
-            with m.If(remaining == 0):
+            with m.If(~in_seg):
                 m.next = "MARK"
 
         with m.FSM():
@@ -258,7 +262,7 @@ class HeaderParser(wiring.Component):
                 m.d.comb += [self.busy.eq(1), take.eq(byte_valid)]
                 length = Cat(byte, hi)
                 with m.If(byte_valid):
-                    m.d.sync += [remaining.eq(length - 2), k.eq(0), app_tag.eq(0)]
+                    m.d.sync += [remaining.eq(length - 2), in_seg.eq(length != 2), k.eq(0), app_tag.eq(0)]
                     with m.If(length < 2):
                         fail(HeaderStatus.MALFORMED)
                     with m.Elif(marker == 0xDB):
@@ -285,7 +289,7 @@ class HeaderParser(wiring.Component):
 
             with m.State("SKIP"):    # APPn / COM: note JFIF and Adobe, skip the rest
                 m.d.comb += self.busy.eq(1)
-                with m.If(remaining == 0):
+                with m.If(~in_seg):
                     with m.If((marker == 0xE0) & (app_tag == int.from_bytes(b"JFIF\0", "big"))
                               & (k >= 14)):
                         m.d.sync += jfif.eq(1)
@@ -313,7 +317,7 @@ class HeaderParser(wiring.Component):
                         with m.Else():
                             m.d.sync += [k.eq(0), *start(byte[4], byte[0:2])]
                             m.next = first_state
-                    with m.Elif(at_end & (remaining != 0)):
+                    with m.Elif(at_end & in_seg):
                         fail(HeaderStatus.MALFORMED)
 
             table_head("DQT", "DQT_VAL", lambda pq, tq: [
@@ -420,7 +424,7 @@ class HeaderParser(wiring.Component):
                                     m.d.sync += comp_tq[c].eq(byte[0:2])
                                     with m.If(byte > 3):
                                         fail(HeaderStatus.MALFORMED)
-                with m.Elif(remaining == 0):
+                with m.Elif(~in_seg):
                     m.d.sync += have_frame.eq(1)
                     with m.If(k < 6):
                         fail(HeaderStatus.MALFORMED)
@@ -435,7 +439,7 @@ class HeaderParser(wiring.Component):
                 with m.If(seg_byte):
                     consume()
                     m.d.sync += restart.eq(Cat(byte, restart[:8]))
-                with m.Elif(at_end & (remaining != 0)):
+                with m.Elif(at_end & in_seg):
                     fail(HeaderStatus.MALFORMED)
 
             with m.State("SOS"):
@@ -446,22 +450,25 @@ class HeaderParser(wiring.Component):
                     consume()
                     m.d.sync += k.eq(k + 1)
                     with m.If(k == 0):
-                        m.d.sync += ns.eq(byte)
+                        m.d.sync += [sos_todo.eq(byte << 1), sos_comp.eq(0)]
                         with m.If((remaining - 1) != 3 + 2 * byte):
                             fail(HeaderStatus.MALFORMED)
                         with m.Elif(byte != nf):
                             fail(HeaderStatus.NON_INTERLEAVED)
-                    with m.Elif(k <= 2 * ns):
-                        c = Signal(2)
-                        m.d.comb += c.eq((k - 1) >> 1)
+                    with m.Elif(sos_todo != 0):
+                        # Counters, not k <= 2 * Ns and (k - 1) >> 1: both were on the
+                        # parser's critical path.
+                        c = sos_comp
+                        m.d.sync += sos_todo.eq(sos_todo - 1)
                         with m.If(k[0]):
                             with m.If(byte != comp_id[c]):
                                 fail(HeaderStatus.MALFORMED)   # not the frame's order
                         with m.Else():
-                            m.d.sync += [comp_td[c].eq(byte[4:6]), comp_ta[c].eq(byte[0:2])]
+                            m.d.sync += [comp_td[c].eq(byte[4:6]), comp_ta[c].eq(byte[0:2]),
+                                         sos_comp.eq(sos_comp + 1)]
                             with m.If((byte[4:8] > 3) | (byte[0:4] > 3)):
                                 fail(HeaderStatus.MALFORMED)
-                with m.Elif(remaining == 0):
+                with m.Elif(~in_seg):
                     m.next = "CHECK"
                 with m.Elif(at_end):
                     fail(HeaderStatus.MALFORMED)
@@ -530,40 +537,39 @@ class HeaderParser(wiring.Component):
             with m.State("FORWARD"):
                 m.d.comb += forwarding.eq(1)
                 # The rest of the held beat first, then the input beats as they come.
-                rest = held.n - pos
-                with m.If(held_valid & (pos < held.n)):
+                with m.If(byte_valid):
                     m.d.comb += [self.entropy.valid.eq(1),
                                  self.entropy.payload.data.eq(held.data),
-                                 self.entropy.payload.n.eq(rest), self.entropy.payload.last.eq(held.last)]
+                                 self.entropy.payload.n.eq(left), self.entropy.payload.last.eq(held.last)]
                     with m.If(self.entropy.ready):
-                        m.d.sync += pos.eq(held.n)
+                        m.d.sync += left.eq(0)
                         with m.If(held.last):
-                            m.d.sync += held_valid.eq(0)
+                            m.d.sync += [held_valid.eq(0), left.eq(0)]
                             m.next = "IDLE"
                 with m.Elif(held_valid & held.last):
-                    m.d.sync += held_valid.eq(0)
+                    m.d.sync += [held_valid.eq(0), left.eq(0)]
                     m.next = "IDLE"
                 with m.Else():
                     m.d.comb += [passing.eq(1), self.entropy.valid.eq(self.input.valid),
                                  self.entropy.payload.eq(self.input.payload)]
                     with m.If(self.input.valid & self.entropy.ready & self.input.payload.last):
-                        m.d.sync += held_valid.eq(0)
+                        m.d.sync += [held_valid.eq(0), left.eq(0)]
                         m.next = "IDLE"
             with m.State("DRAIN"):
                 # Drop the held beat, then one input beat per clock up to the file's last.
                 m.d.comb += self.busy.eq(1)
                 with m.If(held_valid & held.last):
                     m.d.comb += self.done.eq(1)
-                    m.d.sync += held_valid.eq(0)
+                    m.d.sync += [held_valid.eq(0), left.eq(0)]
                     m.next = "IDLE"
                 with m.Else():
                     m.d.comb += draining.eq(1)
-                    m.d.sync += held_valid.eq(0)
+                    m.d.sync += [held_valid.eq(0), left.eq(0)]
                     with m.If(self.input.valid & self.input.payload.last):
                         m.d.comb += self.done.eq(1)
                         m.next = "IDLE"
             with m.State("IDLE"):
-                m.d.sync += [status.eq(HeaderStatus.OK), pos.eq(0), have_frame.eq(0), jfif.eq(0),
+                m.d.sync += [status.eq(HeaderStatus.OK), have_frame.eq(0), jfif.eq(0),
                              adobe.eq(0), q_defined.eq(0),
                              h_defined.eq(0), q_bad.eq(0), h_bad.eq(0), restart.eq(0)]
                 m.next = "SOI0"
@@ -595,5 +601,5 @@ class HeaderParser(wiring.Component):
         m.d.comb += self.input.ready.eq(Mux(passing, self.entropy.ready,
                                             draining | (refill & ~(held_valid & held.last) & ~forwarding)))
         with m.If(self.input.valid & self.input.ready & ~passing & ~draining):
-            m.d.sync += [held.eq(self.input.payload), held_valid.eq(1), pos.eq(0)]
+            m.d.sync += [held.eq(self.input.payload), held_valid.eq(1), left.eq(self.input.payload.n)]
         return m
