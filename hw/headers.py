@@ -544,7 +544,7 @@ class HeaderParser(wiring.Component):
                     with m.If(self.entropy.ready):
                         m.d.sync += left.eq(0)
                         with m.If(held.last):
-                            m.d.sync += [held_valid.eq(0), left.eq(0)]
+                            m.d.sync += held_valid.eq(0)
                             m.next = "IDLE"
                 with m.Elif(held_valid & held.last):
                     m.d.sync += [held_valid.eq(0), left.eq(0)]
