@@ -86,21 +86,25 @@ class IdctPass(wiring.Component):
                 return r
             return reg
 
-        # Stage 1: the sums the multipliers need.
+        # Stage 1: the inputs as they are, so that whatever selects them (the transpose
+        # buffer's read multiplexer, the block store's written-mask) has a clock of its
+        # own before any adder.
         reg = stage(self.en & self.i_valid)
-        s1 = {
-            "z1e": reg("z1e", d[2] + d[6], w + 1),
-            "t0e": reg("t0e", d[0] + d[4], w + 1),
-            "t1e": reg("t1e", d[0] - d[4], w + 1),
-            "d2": reg("d2", d[2], w), "d6": reg("d6", d[6], w),
-            "a0": reg("a0", d[7], w), "a1": reg("a1", d[5], w),
-            "a2": reg("a2", d[3], w), "a3": reg("a3", d[1], w),
-            "z1": reg("z1", d[7] + d[1], w + 1), "z2": reg("z2", d[5] + d[3], w + 1),
-            "z3": reg("z3", d[7] + d[3], w + 1), "z4": reg("z4", d[5] + d[1], w + 1),
-        }
+        x = [reg(f"x{n}", d[n], w) for n in range(8)]
+        # Stage 1b: the sums the multipliers need, and z5's operand z3 + z4 (two adder
+        # levels of narrow operands).
         reg = stage(self.en & valid[0])
-        z34 = reg("z34", s1["z3"] + s1["z4"], w + 2)  # an extra stage for z5's operand
-        s1b = {k: reg(f"{k}_b", v, len(v)) for k, v in s1.items()}
+        s1b = {
+            "z1e": reg("z1e", x[2] + x[6], w + 1),
+            "t0e": reg("t0e", x[0] + x[4], w + 1),
+            "t1e": reg("t1e", x[0] - x[4], w + 1),
+            "d2": reg("d2", x[2], w), "d6": reg("d6", x[6], w),
+            "a0": reg("a0", x[7], w), "a1": reg("a1", x[5], w),
+            "a2": reg("a2", x[3], w), "a3": reg("a3", x[1], w),
+            "z1": reg("z1", x[7] + x[1], w + 1), "z2": reg("z2", x[5] + x[3], w + 1),
+            "z3": reg("z3", x[7] + x[3], w + 1), "z4": reg("z4", x[5] + x[1], w + 1),
+        }
+        z34 = reg("z34", (x[7] + x[3]) + (x[5] + x[1]), w + 2)
         fit = Cat(*(_fits16(s1b[k]) for k in ("t0e", "t1e", "z1e", "z1", "z2", "z3", "z4")),
                   _fits16(z34)).all()
         pw = self.out_width
@@ -248,9 +252,9 @@ def block_rows(lanes: int = 1) -> data.StructLayout:
     Rows ``row .. row + lanes - 1`` of the block at ``bx``/``by`` of component ``comp``;
     ``samples[8 * q + c]`` is column c of row ``row + q``. ``last`` marks the block's
     final beat. ``range_fault`` on that beat is set when some intermediate value of the
-    block left the range where libjpeg-turbo's C and x86 SIMD IDCTs agree (the samples
-    then follow the C code; see :func:`dlbooster.model.idct_islow`): the lane must hand
-    the image to the CPU.
+    block left the range where libjpeg-turbo's C and x86 SIMD IDCTs agree (see
+    :func:`dlbooster.model.idct_islow`; the block's samples are then unspecified): the
+    lane must hand the image to the CPU.
     """
     return data.StructLayout({
         "comp": 2,
@@ -268,28 +272,39 @@ BlockRow = block_rows(1)
 
 _Tag = data.StructLayout({"comp": 2, "bx": 16, "by": 16, "ok": 1})
 
-#: Largest |pass output| for which libjpeg-turbo's C and SIMD code agree (model.py).
-_LIMIT = (1 << 31) - (1 << 18)
+#: A block-store entry: a dequantised coefficient's low 16 bits, and whether it fits them.
+_Stored = data.StructLayout({"value": signed(16), "fit": 1})
 
 
 def _fits16(x):
     return (x >= -32768) & (x <= 32767)
 
 
+def _descaled_within(x, shift: int, low: int, high: int):
+    """``low <= DESCALE(x, shift) <= high`` (``(x + 2**(shift - 1)) >> shift``), as two
+    compares on ``x`` itself, so the check does not wait for the rounding adder."""
+    half = 1 << (shift - 1)
+    return (x >= (low << shift) - half) & (x <= ((high + 1) << shift) - half - 1)
+
+
 class Idct(wiring.Component):
     """Dequantiser and 8x8 ISLOW IDCT: coefficient beats in, rows of samples out.
 
-    Bit-exact with :func:`dlbooster.model.idct_islow` (SPEC.md 3.1, libjpeg-turbo
-    ``jidctint.c``) for every input, including the wrap of the 32-bit workspace and the
-    ``& 1023`` range limit that only corrupt data reach, and it raises ``range_fault``
-    exactly where the model's ``in_range`` is False.
+    Raises ``range_fault`` exactly where :func:`dlbooster.model.idct_islow` (SPEC.md
+    3.1, libjpeg-turbo ``jidctint.c``) finds the block out of range (``in_range``
+    False: some value leaves the range where libjpeg-turbo's C and SIMD IDCTs agree),
+    and is bit-exact with it on every other block. An out-of-range block's samples are
+    unspecified: the lane hands such an image to the CPU (status ``idct-range``), so the
+    datapath carries only what an in-range block needs.
 
     Structure: a block store of ``banks`` blocks (row memories, a written-mask so
-    uncoded coefficients read as zero, dequantisation ``coef * q`` on the way in), the
-    column pass (``lanes`` :class:`IdctPass` modulo 2**40, then DESCALE 11 kept modulo
-    2**29), a :class:`TransposeBuffer`, the row pass (modulo 2**34), DESCALE 18 and the
-    range limit ``T[v & 1023] = clamp(sext10(v) + 128, 0, 255)``. Only the low bits that
-    ``& 1023`` keeps are carried; they are exact wherever the range checks pass.
+    uncoded coefficients read as zero, dequantisation ``coef * q`` on the way in, each
+    entry kept as 16 bits and a fits-16-bits flag), the column pass (``lanes``
+    :class:`IdctPass` of 16-bit inputs, exact; then DESCALE 11 kept as 16 bits), a
+    :class:`TransposeBuffer` of 16-bit elements, the row pass (16-bit inputs, exact),
+    DESCALE 18 and the range limit ``T[v & 1023] = clamp(sext10(v) + 128, 0, 255)``.
+    Every narrowing is covered by a range check: an in-range block's inputs and column
+    outputs fit 16 bits, so each product is one 18x18 multiplier.
 
     Throughput: ``lanes`` columns, then rows, per clock: a block every ``8 / lanes``
     clocks (``8 * lanes`` samples per clock) with no stalls. The entropy decoder gives a
@@ -333,10 +348,9 @@ class Idct(wiring.Component):
         lanes, nbanks = self.lanes, self.banks
         beats = 8 // lanes
         lb = lanes.bit_length() - 1           # log2(lanes)
-        # A block's checks so far, per stage: the first two live in the tags' ``ok`` (d1,
-        # e1), so each check expression has one register to load and a simulator evaluates
-        # it only when that register loads.
-        acc3 = Signal()
+        # A block's checks so far live in the tags' ``ok`` (d1 after the columns, e1 after
+        # the rows), so each check expression has one register to load and a simulator
+        # evaluates it only when that register loads.
         # Read asynchronously from LUT RAM and registered in s1 beside the beat: the
         # dequantiser's multiplier then starts from flip-flops, not from a block RAM's
         # clock-to-out, at the same latency. ``ram_style`` keeps Yosys from folding that
@@ -353,11 +367,14 @@ class Idct(wiring.Component):
         ]
 
         # Block store: memory (r, p) holds the columns c = lanes * j + p of row r of every
-        # bank, at address (bank, j), so one read gives ``lanes`` whole columns.
+        # bank, at address (bank, j), so one read gives ``lanes`` whole columns. An entry
+        # keeps the dequantised value's low 16 bits and whether it fits 16 bits: a block
+        # with a value that does not is out of range (the model's ``_simd_safe``), and an
+        # in-range block needs no more bits anywhere before the row pass's products.
         mem_w, mem_r = {}, {}
         for r in range(8):
             for p in range(lanes):
-                mem = Memory(shape=signed(32), depth=nbanks * beats, init=[])
+                mem = Memory(shape=_Stored, depth=nbanks * beats, init=[])
                 m.submodules[f"row{r}_{p}"] = mem
                 mem_w[r, p] = mem.write_port()
                 mem_r[r, p] = mem.read_port(transparent_for=())
@@ -389,7 +406,7 @@ class Idct(wiring.Component):
             lane_hit = (col[0:lb] == p) if lb else 1
             m.d.comb += [port.en.eq(s2.valid & b2.coef & (row == r) & lane_hit),
                          port.addr.eq(Cat(col[lb:3], s2.bank)),
-                         port.data.eq(s2.value)]
+                         port.data.value.eq(s2.value[:16]), port.data.fit.eq(_fits16(s2.value))]
         with m.If(s2.valid):
             m.d.sync += mask[s2.bank].eq(Mux(b2.first, bit, mask[s2.bank] | bit))
             with m.If(b2.first):
@@ -402,13 +419,13 @@ class Idct(wiring.Component):
         # moves together on en1 (held while the transpose buffer cannot take a beat).
         # Unit 0 of each pass carries the vector's side data: group, block tag, checks.
         side_width = Shape.cast(range(beats)).width + _Tag.size + 1
-        pass1 = [IdctPass(width=32, out_width=40, tag_width=side_width if p == 0 else 1) for p in range(lanes)]
+        pass1 = [IdctPass(width=16, tag_width=side_width if p == 0 else 1) for p in range(lanes)]
         for p, unit in enumerate(pass1):
             m.submodules[f"pass1_{p}"] = unit
-        m.submodules.tb = tb = TransposeBuffer(width=29, tag=_Tag, lanes=lanes)
+        m.submodules.tb = tb = TransposeBuffer(width=16, tag=_Tag, lanes=lanes)
         d1 = Signal(data.StructLayout({
             "valid": 1, "tag": _Tag,
-            "w": data.ArrayLayout(data.ArrayLayout(signed(29), 8), lanes)}))
+            "w": data.ArrayLayout(data.ArrayLayout(signed(16), 8), lanes)}))
         en1 = Signal()
         m.d.comb += en1.eq(~d1.valid | tb.i.ready)
         rb = Signal(range(nbanks))
@@ -430,8 +447,8 @@ class Idct(wiring.Component):
                 m.d.sync += [full[rb].eq(0), rb.eq(rb + 1)]
         inputs_ok = []
         for p, unit in enumerate(pass1):
-            x = [Mux(r1.mask[8 * p + r], mem_r[r, p].data, 0) for r in range(8)]
-            inputs_ok.append(Cat(*(_fits16(v) for v in x)).all())
+            x = [Mux(r1.mask[8 * p + r], mem_r[r, p].data.value, 0) for r in range(8)]
+            inputs_ok.append(Cat(*(~r1.mask[8 * p + r] | mem_r[r, p].data.fit for r in range(8))).all())
             m.d.comb += [unit.en.eq(en1), unit.i_valid.eq(r1.valid)]
             m.d.comb += [unit.i[r].eq(x[r]) for r in range(8)]
         m.d.comb += pass1[0].t_i.eq(Cat(r1.group, r1.tag.as_value(), Cat(*inputs_ok).all()))
@@ -441,7 +458,10 @@ class Idct(wiring.Component):
         checks = [p1_ok, *(unit.o_fit for unit in pass1)]
         for p, unit in enumerate(pass1):
             w = [(unit.o[r] + (1 << 10)) >> 11 for r in range(8)]
-            checks += [(unit.o[r] >= -_LIMIT) & (unit.o[r] <= _LIMIT) & _fits16(w[r]) for r in range(8)]
+            # The model's two checks of a column output: |o| <= 2**31 - 2**18 (where the C
+            # and SIMD code agree) and DESCALE(o, 11) fitting 16 bits; the second implies
+            # the first.
+            checks += [_descaled_within(unit.o[r], 11, -32768, 32767) for r in range(8)]
             with m.If(en1 & unit.o_valid):
                 m.d.sync += [d1.w[p][r].eq(w[r]) for r in range(8)]
         group_ok = Cat(*checks).all() & ((p1_group == 0) | d1.tag.ok)
@@ -453,11 +473,11 @@ class Idct(wiring.Component):
                      tb.i.payload.data.eq(d1.w)]
 
         # Row pass, moving on en2 (held while the output beat is not taken).
-        pass2 = [IdctPass(width=29, out_width=34, tag_width=side_width if q == 0 else 1) for q in range(lanes)]
+        pass2 = [IdctPass(width=16, tag_width=side_width if q == 0 else 1) for q in range(lanes)]
         for q, unit in enumerate(pass2):
             m.submodules[f"pass2_{q}"] = unit
         e1 = Signal(data.StructLayout({"valid": 1, "group": range(beats), "tag": _Tag,
-                                       "v": data.ArrayLayout(signed(16), 8 * lanes)}))
+                                       "v": data.ArrayLayout(signed(10), 8 * lanes)}))
         e2 = Signal(self.row_layout)
         e2_valid = Signal()
         e2_ok = Signal()             # the beat's checks before the last stage
@@ -475,7 +495,9 @@ class Idct(wiring.Component):
         p2_group, p2_tag, p2_ok = p2[0:gw], _Tag(p2[gw:gw + _Tag.size]), p2[-1]
         checks = [p2_ok, p2_tag.ok, *(unit.o_fit for unit in pass2)]
         for q, unit in enumerate(pass2):
-            checks += [(unit.o[c] >= -_LIMIT) & (unit.o[c] <= _LIMIT) for c in range(8)]
+            # |o| <= 2**31 - 2**18 and -512 <= DESCALE(o, 18) <= 511; again the second
+            # implies the first.
+            checks += [_descaled_within(unit.o[c], 18, -512, 511) for c in range(8)]
             with m.If(en2 & unit.o_valid):
                 m.d.sync += [e1.v[8 * q + c].eq((unit.o[c] + (1 << 17)) >> 18) for c in range(8)]
         rows_ok = Cat(*checks).all() & ((p2_group == 0) | e1.tag.ok)
@@ -483,19 +505,17 @@ class Idct(wiring.Component):
             m.d.sync += e1.valid.eq(pass2[0].o_valid)
         with m.If(en2 & pass2[0].o_valid):
             m.d.sync += [e1.group.eq(p2_group), e1.tag.eq(p2_tag), e1.tag.ok.eq(rows_ok)]
-        v_ok = (Cat(*((e1.v[n] >= -512) & (e1.v[n] <= 511) for n in range(8 * lanes))).all()
-                & ((e1.group == 0) | acc3))
         with m.If(en2):
             m.d.sync += e2_valid.eq(e1.valid)
         with m.If(en2 & e1.valid):
             m.d.sync += [e2.comp.eq(e1.tag.comp), e2.bx.eq(e1.tag.bx),
                          e2.by.eq(e1.tag.by), e2.row.eq(e1.group * lanes),
-                         e2.last.eq(e1.group == beats - 1), e2_ok.eq(e1.tag.ok), acc3.eq(v_ok)]
+                         e2.last.eq(e1.group == beats - 1), e2_ok.eq(e1.tag.ok)]
             for n in range(8 * lanes):
-                s = e1.v[n][0:10].as_signed() + 128
+                s = e1.v[n] + 128      # v & 1023, sign-extended (in range: v itself)
                 m.d.sync += e2.samples[n].eq(Mux(s < 0, 0, Mux(s > 255, 255, s)))
         m.d.comb += [self.o.valid.eq(e2_valid), self.o.payload.eq(e2),
-                     self.o.payload.range_fault.eq(~(e2_ok & acc3))]
+                     self.o.payload.range_fault.eq(~e2_ok)]
         return m
 
 

@@ -10,9 +10,10 @@ Parameters come from the environment:
   ``cycles`` as ``.npz``.
 
 The core must give, for every block in input order, 8 rows (row 0..7, ``last`` on row 7)
-tagged with the block's component and position, equal to
-:func:`dlbooster.model.idct_islow` with the component's table, with ``range_fault``
-exactly where the model's ``in_range`` is False; no output bit may be X/Z; and it must
+tagged with the block's component and position, with ``range_fault`` exactly where
+:func:`dlbooster.model.idct_islow` with the component's table finds the block out of
+range (``in_range`` False) and samples equal to the model's on every other block; no
+output bit may be X/Z; and it must
 finish within ``(beats + 16 * blocks + 256) * 200 / min(valid, ready)`` clocks.
 """
 
@@ -94,7 +95,7 @@ async def transform_blocks(dut):
             samples[block, r] = [(raw >> (_SAMPLES + 8 * c)) & 0xFF for c in range(8)]
             if r == 7:
                 faults[block] = bool(row["range_fault"])
-                assert (samples[block] == expect[block]).all(), (
+                assert not in_range[block] or (samples[block] == expect[block]).all(), (
                     f"block {block} (component {tag[0]}): core\n{samples[block]}\n"
                     f"model\n{expect[block]}\ncoefficients {blocks[block].tolist()}")
                 assert faults[block] == (not in_range[block]), \

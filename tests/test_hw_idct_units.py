@@ -296,6 +296,7 @@ def test_core_matches_the_model_in_the_amaranth_simulator(lanes):
         mine = got[per * n:per * (n + 1)]
         assert [m[:5] for m in mine] == [(comps[n], n, 2 * n, lanes * i, int(i == per - 1))
                                          for i in range(per)]
-        assert np.array_equal(np.array([m[6] for m in mine]).reshape(8, 8), samples[0])
+        if in_range[0]:
+            assert np.array_equal(np.array([m[6] for m in mine]).reshape(8, 8), samples[0])
         assert mine[-1][5] == (not in_range[0])
     assert any(m[5] for m in got) and not all(m[5] for m in got[per - 1::per])
