@@ -107,6 +107,29 @@ def test_feature_files_equal_pillow(sim1):
     assert after["read_beats"] > before["read_beats"] and after["write_beats"] > before["write_beats"]
 
 
+def test_a_block_outside_the_exact_idct_range_is_declined(sim1):
+    """16-bit quantisers times a large coefficient leave the range where libjpeg-turbo's
+    C and SIMD IDCTs agree: the lane reports ``idct-range`` (0x30; the IDCT's samples
+    for such a block are unspecified) and writes only inside its buffer; the images
+    before and after it in the batch are Pillow's."""
+    from dlbooster import model
+    from dlbooster.hw.lane import STATUS_IDCT_RANGE
+    from jpegtools import Crafted, reencode
+
+    data = gen(32, 16, subsampling=0, qtables=[[1000] * 64, [1000] * 64])
+    info = jpeg.parse(data)
+    evil = reencode(data, info, model.decode(data, info=info).coefficients,
+                    crafted=[Crafted(0, 0, [("dc", 0), ("ac", 0, 1023), ("eob",)])])
+    device = _fresh(sim1)
+    good = gen(24, 16, subsampling=2, quality=80)
+    outcomes = device.decode_batch([(good, _cap(good)), (evil, _cap(evil)), (good, _cap(good))])
+    bad = outcomes[1].completion
+    assert (bad.status, bad.reason, outcomes[1].image) == (STATUS_IDCT_RANGE, "idct-range", None)
+    assert bad.symbols > 0
+    _check_against_pillow({"before": good, "after": good}, [outcomes[0], outcomes[2]])
+    assert _violations(sim1) == 0
+
+
 def test_gaps_latency_and_back_pressure(sim1):
     """Every ready/valid the memory drives offered in 30 % of clocks, 40 clocks of read
     latency: same pixels, nothing written out of bounds."""
