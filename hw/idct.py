@@ -29,6 +29,106 @@ _FIX = {
 }
 
 
+def _span(width: int) -> tuple[int, int]:
+    return -(1 << (width - 1)), (1 << (width - 1)) - 1
+
+
+class _Ranged:
+    """A value (an Amaranth expression, or None when only the range is wanted) and the
+    interval ``[lo, hi]`` it lies in, carried through sums, differences and constant
+    products to size each pipeline register."""
+
+    def __init__(self, expr, lo: int, hi: int):
+        self.expr, self.lo, self.hi = expr, lo, hi
+
+    def _with(self, other, op, lo: int, hi: int) -> "_Ranged":
+        expr = None if self.expr is None else op(self.expr, other)
+        return _Ranged(expr, lo, hi)
+
+    def __add__(self, other: "_Ranged") -> "_Ranged":
+        return self._with(other.expr, lambda a, b: a + b, self.lo + other.lo, self.hi + other.hi)
+
+    def __sub__(self, other: "_Ranged") -> "_Ranged":
+        return self._with(other.expr, lambda a, b: a - b, self.lo - other.hi, self.hi - other.lo)
+
+    def __mul__(self, c: int) -> "_Ranged":
+        lo, hi = sorted((self.lo * c, self.hi * c))
+        return self._with(c, lambda a, b: a * b, lo, hi)
+
+    def __lshift__(self, n: int) -> "_Ranged":
+        return self._with(n, lambda a, b: a << b, self.lo << n, self.hi << n)
+
+    @property
+    def bits(self) -> int:
+        """Signed bits that hold every value of the interval."""
+        return max((v if v >= 0 else -v - 1).bit_length() for v in (self.lo, self.hi)) + 1
+
+
+def _datapath(x: list, reg_at) -> tuple[dict, "_Ranged", list]:
+    """The ISLOW pass from eight :class:`_Ranged` inputs (``jidctint.c``'s even and odd
+    parts): ``reg_at(n)`` gives the register function of stage ``n`` (``reg(name,
+    value) -> value``). Returns stage 1b's values, ``z3 + z4``, and the eight outputs
+    before the last register."""
+    # Stage 1: the inputs as they are, so that whatever selects them (the transpose
+    # buffer's read multiplexer, the block store's written-mask) has a clock of its
+    # own before any adder.
+    reg = reg_at(0)
+    x = [reg(f"x{n}", v) for n, v in enumerate(x)]
+    # Stage 1b: the sums the multipliers need, and z5's operand z3 + z4 (two adder
+    # levels of narrow operands).
+    reg = reg_at(1)
+    s1b = {
+        "z1e": reg("z1e", x[2] + x[6]),
+        "t0e": reg("t0e", x[0] + x[4]),
+        "t1e": reg("t1e", x[0] - x[4]),
+        "d2": reg("d2", x[2]), "d6": reg("d6", x[6]),
+        "a0": reg("a0", x[7]), "a1": reg("a1", x[5]),
+        "a2": reg("a2", x[3]), "a3": reg("a3", x[1]),
+        "z1": reg("z1", x[7] + x[1]), "z2": reg("z2", x[5] + x[3]),
+        "z3": reg("z3", x[7] + x[3]), "z4": reg("z4", x[5] + x[1]),
+    }
+    z34 = reg("z34", (x[7] + x[3]) + (x[5] + x[1]))
+    # Stage 2: products (and << 13 of the DC terms).
+    f = _FIX
+    reg = reg_at(2)
+    s2 = {
+        "z1e": reg("m_z1e", s1b["z1e"] * f["0_541196100"]),
+        "t2p": reg("m_d6", s1b["d6"] * f["1_847759065"]),
+        "t3p": reg("m_d2", s1b["d2"] * f["0_765366865"]),
+        "t0": reg("m_t0", s1b["t0e"] << 13),
+        "t1": reg("m_t1", s1b["t1e"] << 13),
+        "z5": reg("m_z5", z34 * f["1_175875602"]),
+        "a0": reg("m_a0", s1b["a0"] * f["0_298631336"]),
+        "a1": reg("m_a1", s1b["a1"] * f["2_053119869"]),
+        "a2": reg("m_a2", s1b["a2"] * f["3_072711026"]),
+        "a3": reg("m_a3", s1b["a3"] * f["1_501321110"]),
+        "z1": reg("m_z1", s1b["z1"] * -f["0_899976223"]),
+        "z2": reg("m_z2", s1b["z2"] * -f["2_562915447"]),
+        "z3": reg("m_z3", s1b["z3"] * -f["1_961570560"]),
+        "z4": reg("m_z4", s1b["z4"] * -f["0_390180644"]),
+    }
+    # Stage 3: first adder level.
+    reg = reg_at(3)
+    t2 = reg("t2", s2["z1e"] - s2["t2p"])
+    t3 = reg("t3", s2["z1e"] + s2["t3p"])
+    z3 = reg("z3s", s2["z3"] + s2["z5"])
+    z4 = reg("z4s", s2["z4"] + s2["z5"])
+    keep = {k: reg(f"{k}_c", s2[k]) for k in ("t0", "t1", "a0", "a1", "a2", "a3", "z1", "z2")}
+    # Stage 4: even outputs and odd sums.
+    reg = reg_at(4)
+    e10 = reg("e10", keep["t0"] + t3)
+    e13 = reg("e13", keep["t0"] - t3)
+    e11 = reg("e11", keep["t1"] + t2)
+    e12 = reg("e12", keep["t1"] - t2)
+    a0 = reg("a0s", keep["a0"] + keep["z1"] + z3)
+    a1 = reg("a1s", keep["a1"] + keep["z2"] + z4)
+    a2 = reg("a2s", keep["a2"] + keep["z2"] + z3)
+    a3 = reg("a3s", keep["a3"] + keep["z1"] + z4)
+    # Stage 5 (the caller's output register): butterflies.
+    outputs = [e10 + a3, e11 + a2, e12 + a1, e13 + a0, e13 - a0, e12 - a1, e11 - a2, e10 - a3]
+    return s1b, z34, outputs
+
+
 class IdctPass(wiring.Component):
     """One pipelined 1-D ISLOW pass (SPEC.md 3.1, even and odd parts, ``jidctint.c``).
 
@@ -57,8 +157,10 @@ class IdctPass(wiring.Component):
 
     def __init__(self, width: int = 32, out_width: int | None = None, tag_width: int = 1):
         self.width = width
-        # |sum of products| < 2**(width + 18): width + 19 bits are always exact.
-        self.out_width = out_width = min(out_width or width + 19, width + 19)
+        # The outputs' range, from the inputs' through every stage: exact in that many bits.
+        inputs = [_Ranged(None, *_span(width)) for _ in range(8)]
+        exact = max(v.bits for v in _datapath(inputs, lambda n: lambda name, v: v)[2])
+        self.out_width = out_width = min(out_width or exact, exact)
         super().__init__({
             "i": In(signed(width)).array(8),
             "i_valid": In(1),
@@ -77,78 +179,27 @@ class IdctPass(wiring.Component):
         valid = [Signal(name=f"valid{n}") for n in range(LATENCY)]
 
         # Loading a stage only with a vector is free on the FPGA (clock enables) and
-        # spares the simulator the arithmetic of empty stages.
+        # spares the simulator the arithmetic of empty stages. Each register is as wide
+        # as its value's range (at most the output width): a register whose top bits
+        # only repeat its sign is narrowed by Yosys, which then drives those bits from
+        # the register's own sign bit, and Verilator evaluates such a variable on every
+        # change instead of once per clock.
         def stage(load):
-            def reg(name, expr, stage_width):
-                r = Signal(signed(stage_width), name=name)
+            def reg(name, value):
+                r = Signal(signed(min(value.bits, self.out_width)), name=name)
                 with m.If(load):
-                    m.d.sync += r.eq(expr)
-                return r
+                    m.d.sync += r.eq(value.expr)
+                return _Ranged(r, value.lo, value.hi)
             return reg
 
-        # Stage 1: the inputs as they are, so that whatever selects them (the transpose
-        # buffer's read multiplexer, the block store's written-mask) has a clock of its
-        # own before any adder.
-        reg = stage(self.en & self.i_valid)
-        x = [reg(f"x{n}", d[n], w) for n in range(8)]
-        # Stage 1b: the sums the multipliers need, and z5's operand z3 + z4 (two adder
-        # levels of narrow operands).
-        reg = stage(self.en & valid[0])
-        s1b = {
-            "z1e": reg("z1e", x[2] + x[6], w + 1),
-            "t0e": reg("t0e", x[0] + x[4], w + 1),
-            "t1e": reg("t1e", x[0] - x[4], w + 1),
-            "d2": reg("d2", x[2], w), "d6": reg("d6", x[6], w),
-            "a0": reg("a0", x[7], w), "a1": reg("a1", x[5], w),
-            "a2": reg("a2", x[3], w), "a3": reg("a3", x[1], w),
-            "z1": reg("z1", x[7] + x[1], w + 1), "z2": reg("z2", x[5] + x[3], w + 1),
-            "z3": reg("z3", x[7] + x[3], w + 1), "z4": reg("z4", x[5] + x[1], w + 1),
-        }
-        z34 = reg("z34", (x[7] + x[3]) + (x[5] + x[1]), w + 2)
-        fit = Cat(*(_fits16(s1b[k]) for k in ("t0e", "t1e", "z1e", "z1", "z2", "z3", "z4")),
-                  _fits16(z34)).all()
-        pw = self.out_width
-        # Stage 2: products (and << 13 of the DC terms).
-        f = _FIX
-        reg = stage(self.en & valid[1])
-        s2 = {
-            "z1e": reg("m_z1e", s1b["z1e"] * f["0_541196100"], pw),
-            "t2p": reg("m_d6", s1b["d6"] * f["1_847759065"], pw),
-            "t3p": reg("m_d2", s1b["d2"] * f["0_765366865"], pw),
-            "t0": reg("m_t0", s1b["t0e"] << 13, pw),
-            "t1": reg("m_t1", s1b["t1e"] << 13, pw),
-            "z5": reg("m_z5", z34 * f["1_175875602"], pw),
-            "a0": reg("m_a0", s1b["a0"] * f["0_298631336"], pw),
-            "a1": reg("m_a1", s1b["a1"] * f["2_053119869"], pw),
-            "a2": reg("m_a2", s1b["a2"] * f["3_072711026"], pw),
-            "a3": reg("m_a3", s1b["a3"] * f["1_501321110"], pw),
-            "z1": reg("m_z1", s1b["z1"] * -f["0_899976223"], pw),
-            "z2": reg("m_z2", s1b["z2"] * -f["2_562915447"], pw),
-            "z3": reg("m_z3", s1b["z3"] * -f["1_961570560"], pw),
-            "z4": reg("m_z4", s1b["z4"] * -f["0_390180644"], pw),
-        }
-        # Stage 3: first adder level.
-        reg = stage(self.en & valid[2])
-        t2 = reg("t2", s2["z1e"] - s2["t2p"], pw)
-        t3 = reg("t3", s2["z1e"] + s2["t3p"], pw)
-        z3 = reg("z3s", s2["z3"] + s2["z5"], pw)
-        z4 = reg("z4s", s2["z4"] + s2["z5"], pw)
-        keep = {k: reg(f"{k}_c", s2[k], pw) for k in ("t0", "t1", "a0", "a1", "a2", "a3", "z1", "z2")}
-        # Stage 4: even outputs and odd sums.
-        reg = stage(self.en & valid[3])
-        e10 = reg("e10", keep["t0"] + t3, pw)
-        e13 = reg("e13", keep["t0"] - t3, pw)
-        e11 = reg("e11", keep["t1"] + t2, pw)
-        e12 = reg("e12", keep["t1"] - t2, pw)
-        a0 = reg("a0s", keep["a0"] + keep["z1"] + z3, pw)
-        a1 = reg("a1s", keep["a1"] + keep["z2"] + z4, pw)
-        a2 = reg("a2s", keep["a2"] + keep["z2"] + z3, pw)
-        a3 = reg("a3s", keep["a3"] + keep["z1"] + z4, pw)
-        # Stage 5: butterflies.
-        outputs = [e10 + a3, e11 + a2, e12 + a1, e13 + a0, e13 - a0, e12 - a1, e11 - a2, e10 - a3]
-        for n, expr in enumerate(outputs):
+        x = [_Ranged(d[n], *_span(w)) for n in range(8)]
+        regs = [stage(self.en & v) for v in [self.i_valid] + valid]
+        s1b, z34, outputs = _datapath(x, lambda n: regs[n])
+        fit = Cat(*(_fits16(s1b[k].expr) for k in ("t0e", "t1e", "z1e", "z1", "z2", "z3", "z4")),
+                  _fits16(z34.expr)).all()
+        for n, value in enumerate(outputs):
             with m.If(self.en & valid[4]):
-                m.d.sync += self.o[n].eq(expr)
+                m.d.sync += self.o[n].eq(value.expr)
         # The tag moves with the vector; the fit bit joins it in stage 3.
         tag = self.t_i
         for n in range(LATENCY):
