@@ -133,11 +133,12 @@ class IdctPass(wiring.Component):
     """One pipelined 1-D ISLOW pass (SPEC.md 3.1, even and odd parts, ``jidctint.c``).
 
     Args:
-        width: bits of each signed input (32 covers both passes of 8-bit JPEG).
-        out_width: bits of each output. The default, ``width + 19``, is exact for any
-            input; a smaller value gives the outputs modulo ``2**out_width`` (two's
-            complement wraps consistently through sums and products), which is all the
-            next step needs when it keeps only low bits.
+        width: bits of each signed input (:class:`Idct` uses 16: in-range blocks fit).
+        out_width: bits of each output. The default, the outputs' range carried from
+            the inputs' through every stage (34 bits for 16-bit inputs, 50 for 32), is
+            exact for any input; a smaller value gives the outputs modulo
+            ``2**out_width`` (two's complement wraps consistently through sums and
+            products), which is all the next step needs when it keeps only low bits.
         tag_width: bits of a tag carried from ``t_i`` to ``t_o`` alongside each vector.
 
     Ports:
