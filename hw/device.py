@@ -4,8 +4,9 @@
 kernels) and that the simulated device (:mod:`dlbooster.sim.device`) runs:
 
 - ``ap_clk``, ``ap_rst_n`` (synchronous, active low; registered once, so the device
-  enters and leaves reset one clock after ``ap_rst_n`` falls and rises, and its AXI4-Lite
-  slave accepts nothing in that clock);
+  enters and leaves reset one clock after ``ap_rst_n`` falls and rises: the AXI valids
+  and ``interrupt`` are low from the clock it falls, and the AXI4-Lite slave accepts
+  nothing in the clock after it rises);
 - ``s_axi_control_*``: AXI4-Lite slave with the registers of :mod:`dlbooster.hw.regs`
   (ap_ctrl_hs at 0x00-0x0C, the job and completion FIFOs, configuration);
 - ``m_axi_gmem_*``: AXI4 master, 64-bit addresses, ``data_width``-bit data, incrementing

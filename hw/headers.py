@@ -196,34 +196,33 @@ class HeaderParser(wiring.Component):
             with m.If(~in_seg):
                 m.next = "MARK"
 
-        def frame_checks():
-            """The frame checks, in priority order: (failed, status) pairs."""
-            three = nf == 3
-            ids_rgb = (comp_id[0] == 82) & (comp_id[1] == 71) & (comp_id[2] == 66)
-            rgb = three & ~jfif & Mux(adobe, adobe_transform == 0, ids_rgb)
-            factors_ok = Cat(*((comp_h[c] >= 1) & (comp_h[c] <= 4) & (comp_v[c] >= 1)
-                               & (comp_v[c] <= 4) for c in range(3))).all() | ~three
-            gray_ok = (comp_h[0] >= 1) & (comp_h[0] <= 4) & (comp_v[0] >= 1) & (comp_v[0] <= 4)
-            sampling_ok = ((comp_h[0] <= 2) & (comp_v[0] <= 2) & (comp_h[1] == 1) & (comp_v[1] == 1)
-                           & (comp_h[2] == 1) & (comp_v[2] == 1))
-            unique = ((comp_id[0] != comp_id[1]) & (comp_id[0] != comp_id[2])
-                      & (comp_id[1] != comp_id[2])) | ~three
-            missing = Cat(*(((c < nf) & ~(q_defined.bit_select(comp_tq[c], 1)
-                                          & h_defined.bit_select(Cat(comp_td[c], Const(0, 1)), 1)
-                                          & h_defined.bit_select(Cat(comp_ta[c], Const(1, 1)), 1)))
-                            for c in range(3))).any()
-            bad = Cat(*(((c < nf) & (q_bad.bit_select(comp_tq[c], 1)
-                                     | h_bad.bit_select(Cat(comp_td[c], Const(0, 1)), 1)
-                                     | h_bad.bit_select(Cat(comp_ta[c], Const(1, 1)), 1)))
+        # The frame checks CHECK applies, in priority order: (failed, status) pairs.
+        three = nf == 3
+        ids_rgb = (comp_id[0] == 82) & (comp_id[1] == 71) & (comp_id[2] == 66)
+        rgb = three & ~jfif & Mux(adobe, adobe_transform == 0, ids_rgb)
+        factors_ok = Cat(*((comp_h[c] >= 1) & (comp_h[c] <= 4) & (comp_v[c] >= 1)
+                           & (comp_v[c] <= 4) for c in range(3))).all() | ~three
+        gray_ok = (comp_h[0] >= 1) & (comp_h[0] <= 4) & (comp_v[0] >= 1) & (comp_v[0] <= 4)
+        sampling_ok = ((comp_h[0] <= 2) & (comp_v[0] <= 2) & (comp_h[1] == 1) & (comp_v[1] == 1)
+                       & (comp_h[2] == 1) & (comp_v[2] == 1))
+        unique = ((comp_id[0] != comp_id[1]) & (comp_id[0] != comp_id[2])
+                  & (comp_id[1] != comp_id[2])) | ~three
+        missing = Cat(*(((c < nf) & ~(q_defined.bit_select(comp_tq[c], 1)
+                                      & h_defined.bit_select(Cat(comp_td[c], Const(0, 1)), 1)
+                                      & h_defined.bit_select(Cat(comp_ta[c], Const(1, 1)), 1)))
                         for c in range(3))).any()
-            return [(rgb, HeaderStatus.COLOR_TRANSFORM),
-                    (~factors_ok | ~unique | (~three & ~gray_ok), HeaderStatus.MALFORMED),
-                    (three & ~sampling_ok, HeaderStatus.SAMPLING),
-                    (height == 0, HeaderStatus.DNL),
-                    ((width == 0) | (height > 65500) | (width > 65500), HeaderStatus.MALFORMED),
-                    (missing, HeaderStatus.MISSING_TABLE),
-                    (bad, HeaderStatus.BAD_TABLE),
-                    (width > self.max_width, HeaderStatus.WIDTH)]
+        bad = Cat(*(((c < nf) & (q_bad.bit_select(comp_tq[c], 1)
+                                 | h_bad.bit_select(Cat(comp_td[c], Const(0, 1)), 1)
+                                 | h_bad.bit_select(Cat(comp_ta[c], Const(1, 1)), 1)))
+                    for c in range(3))).any()
+        frame_checks = [(rgb, HeaderStatus.COLOR_TRANSFORM),
+                        (~factors_ok | ~unique | (~three & ~gray_ok), HeaderStatus.MALFORMED),
+                        (three & ~sampling_ok, HeaderStatus.SAMPLING),
+                        (height == 0, HeaderStatus.DNL),
+                        ((width == 0) | (height > 65500) | (width > 65500), HeaderStatus.MALFORMED),
+                        (missing, HeaderStatus.MISSING_TABLE),
+                        (bad, HeaderStatus.BAD_TABLE),
+                        (width > self.max_width, HeaderStatus.WIDTH)]
 
         with m.FSM():
             with m.State("SOI0"):
@@ -503,7 +502,7 @@ class HeaderParser(wiring.Component):
                     # change, and registered for CHECK: the state machine and the status
                     # then depend on 8 flags, not on the checks' logic (2 % fewer
                     # instructions per clock in the Verilator model).
-                    m.d.sync += failed.eq(Cat(f for f, _ in frame_checks()))
+                    m.d.sync += failed.eq(Cat(f for f, _ in frame_checks))
                     m.next = "CHECK"
                 with m.Elif(at_end):
                     fail(HeaderStatus.MALFORMED)
@@ -512,7 +511,7 @@ class HeaderParser(wiring.Component):
                 m.d.comb += self.busy.eq(1)
                 with m.If(at_end):   # no entropy-coded data at all
                     fail(HeaderStatus.MALFORMED)
-                for i, (_, code_) in enumerate(frame_checks()):
+                for i, (_, code_) in enumerate(frame_checks):
                     with m.Elif(failed[i]):
                         fail(code_)
                 with m.Else():
@@ -581,7 +580,6 @@ class HeaderParser(wiring.Component):
         # Scan configuration (T.81 A.2): one MCU is hmax x vmax blocks of the first
         # component and one block of each chroma component; a one-component scan has
         # one block per MCU whatever its sampling factors.
-        three = nf == 3
         h2 = three & (comp_h[0] == 2)
         v2 = three & (comp_v[0] == 2)
         m.d.comb += [
