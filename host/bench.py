@@ -145,7 +145,13 @@ def _inputs(args: argparse.Namespace) -> list[tuple[str, bytes]]:
     files = [p for p, _ in _walk(paths)]
     if args.limit:
         files = files[: args.limit]
-    return [(p, Path(p).read_bytes()) for p in files]
+    inputs = []
+    for p in files:
+        try:
+            inputs.append((p, Path(p).read_bytes()))
+        except OSError as exc:
+            raise SystemExit(f"dlbooster bench: {p}: {exc.strerror or exc}") from None
+    return inputs
 
 
 _RECODE_SUBSAMPLING = {"4:4:4": 0, "4:2:2": 1, "4:2:0": 2, "gray": None}

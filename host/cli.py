@@ -36,7 +36,7 @@ __all__ = ["main"]
 
 
 def _positive(text: str) -> int:
-    """argparse type: an integer of at least 1 (lanes, devices, widths, seeds)."""
+    """argparse type: an integer of at least 1 (lanes, devices, widths, seeds, sizes, counts)."""
     try:
         value = int(text)
     except ValueError:
@@ -105,9 +105,20 @@ def _cmd_decode(args: argparse.Namespace) -> int:
     if args.out and os.path.exists(args.out) and not os.path.isdir(args.out):
         print(f"dlbooster decode: --out {args.out} exists and is not a folder", file=sys.stderr)
         return 2
+    from .boards import BoardError
+
     options = {"model": {"max_width": args.max_width},
-               "sim": {"max_width": args.max_width, "lanes": args.lanes}}.get(args.backend, {})
-    backend = get_backend(args.backend, **options)
+               "sim": {"max_width": args.max_width, "lanes": args.lanes},
+               "pynq": {"board": args.board, "binary": args.binary},
+               "xrt": {"board": args.board, "binary": args.binary}}.get(args.backend, {})
+    try:
+        backend = get_backend(args.backend, **options)
+    except ValueError as exc:            # a board backend without its board and binary
+        print(f"dlbooster decode: {exc}", file=sys.stderr)
+        return 2
+    except BoardError as exc:            # named, but not there or not loadable
+        print(f"dlbooster decode: backend {args.backend}: {exc}", file=sys.stderr)
+        return 1
     cpu = CpuBackend()
     inputs = _walk(args.paths)
     results = []
@@ -166,8 +177,8 @@ def _cmd_decode(args: argparse.Namespace) -> int:
                 print(f"{record['status']:8} {record['backend'] or '-':6} "
                       f"{record['reason'] or '-':22} {record['path']}{detail}")
         print(f"{summary['inputs']} inputs: {summary['ok']} ok, {summary['fallback']} fallback, "
-              f"{summary['error']} error" + (f", {len(mismatches)} differ from Pillow"
-                                             if args.verify else ""))
+              f"{summary['error']} error" + (f", {len(mismatches)} differ from Pillow" if args.verify else "")
+              + (f", {len(unsaved)} PNG(s) not written" if unsaved else ""))
         for key, n in summary["by_reason"].items():
             print(f"  {n:6}  {key}")
     for path in mismatches:
@@ -205,8 +216,11 @@ def _cmd_build(args: argparse.Namespace) -> int:
     if not args.verilog:
         print("dlbooster build: give --verilog OUT.v or --board BOARD --out DIR", file=sys.stderr)
         return 2
-    device = Device(lanes=args.lanes, max_width=args.max_width, data_width=args.data_width)
     out = Path(args.verilog)
+    if not out.parent.is_dir():           # before the minute of elaboration
+        print(f"dlbooster build: {out.parent} is not a folder", file=sys.stderr)
+        return 2
+    device = Device(lanes=args.lanes, max_width=args.max_width, data_width=args.data_width)
     out.write_text(export_verilog(device, "dlbooster_decoder"))
     print(f"{out}: module dlbooster_decoder, {args.lanes} lane(s), {args.max_width}-pixel line buffers, "
           f"{args.data_width}-bit AXI4 master m_axi_gmem, AXI4-Lite s_axi_control, ap_clk/ap_rst_n, interrupt")
@@ -485,9 +499,9 @@ def _cmd_demo(args: argparse.Namespace) -> int:
               f"(4:4:4, 4:2:2, 4:2:0, gray, restart markers, optimised tables);")
         print("decoding them through the reference model of the decoder lane and checking "
               "every pixel against Pillow:\n")
-        ns = argparse.Namespace(backend="model", max_width=args.max_width, out=None,
-                                json=False, verify=True, paths=[tmp])
-        return _cmd_decode(ns)
+        # Parsed as the decode command's own arguments, so every decode option has its default.
+        return _cmd_decode(_parser().parse_args(["decode", "--backend", "model", "--max-width",
+                                                 str(args.max_width), "--verify", tmp]))
 
 
 def _cmd_records(args: argparse.Namespace) -> int:
@@ -626,6 +640,9 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--max-width", type=_positive, default=DEFAULT_MAX_WIDTH,
                    help="line-buffer width of the modelled lane or the simulated device (pixels)")
     p.add_argument("--lanes", type=_positive, default=1, help="decoder lanes of the simulated device (sim)")
+    p.add_argument("--board", help="pynq/xrt: the board (default $DLBOOSTER_BOARD)")
+    p.add_argument("--binary", metavar="BIT_OR_XCLBIN", help="pynq/xrt: its bitstream or xclbin "
+                                                              "(default $DLBOOSTER_BINARY)")
     p.add_argument("--out", metavar="DIR", help="write one lossless PNG per input")
     p.add_argument("--json", action="store_true", help='print {"results": [...], "summary": {...}}')
     p.add_argument("--verify", action="store_true",
@@ -698,10 +715,10 @@ def _parser() -> argparse.ArgumentParser:
                                    "'predict validate' compares predictions with measured iterations.")
     p.add_argument("action", nargs="?", choices=("calibrate", "validate"))
     p.add_argument("--model", default="resnet50", help="torchvision model")
-    p.add_argument("--batch-size", type=int, default=32, help="images per device per iteration")
-    p.add_argument("--image-size", type=int, help="square input side, pixels (default 224; validate: 128)")
-    p.add_argument("--gpus", type=int, default=1, help="data-parallel ranks per node (processes on a CPU)")
-    p.add_argument("--nodes", type=int, default=1)
+    p.add_argument("--batch-size", type=_positive, default=32, help="images per device per iteration")
+    p.add_argument("--image-size", type=_positive, help="square input side, pixels (default 224; validate: 128)")
+    p.add_argument("--gpus", type=_positive, default=1, help="data-parallel ranks per node (processes on a CPU)")
+    p.add_argument("--nodes", type=_positive, default=1)
     p.add_argument("--device", default="cpu", help="profile: cpu (calibrated), cuda (calibrated GPU), a100, "
                                                    "v100, h100, t4, a calibrated name or a JSON file; "
                                                    "calibrate: cpu or cuda; validate: a GPU profile "
@@ -750,14 +767,14 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--model", default="resnet18", help="torchvision model name")
     p.add_argument("--epochs", type=int, help="epochs (default: 6 without DATA, else 1)")
     p.add_argument("--steps", type=int, help="stop after this many optimiser steps")
-    p.add_argument("--batch-size", type=int, default=32, help="images per step per rank")
+    p.add_argument("--batch-size", type=_positive, default=32, help="images per step per rank")
     p.add_argument("--lr", type=float, help="peak learning rate (default 0.1 x global batch / 256; "
                                             "0.05 without DATA)")
     p.add_argument("--momentum", type=float, default=0.9)
     p.add_argument("--weight-decay", type=float, default=1e-4)
     p.add_argument("--label-smoothing", type=float, default=0.0)
     p.add_argument("--warmup-epochs", type=float, default=0.0)
-    p.add_argument("--image-size", type=int, help="crop size, pixels (default 224; 112 without DATA)")
+    p.add_argument("--image-size", type=_positive, help="crop size, pixels (default 224; 112 without DATA)")
     p.add_argument("--backward", choices=("autograd", "split"), default="autograd",
                    help="plain autograd, or input/weight-gradient split scheduling")
     p.add_argument("--streams", type=int, default=2, help="side CUDA streams for --backward split")
@@ -810,7 +827,13 @@ def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
                         format="%(name)s: %(message)s")
-    return args.func(args)
+    try:
+        return args.func(args)
+    except BrokenPipeError:
+        # The reader went away (`| head`): stop quietly, as other command-line tools do, and
+        # keep the interpreter's final flush from raising again.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 1
 
 
 if __name__ == "__main__":

@@ -174,6 +174,9 @@ def test_a_png_that_cannot_be_written_fails_that_sample_only(tmp_path, capsys):
     # y's PNG would go inside x's PNG file.
     assert "png" not in y and y["png_error"].startswith(("NotADirectoryError", "FileExistsError"))
     assert report["summary"]["png_not_written"] == 1
+    # The text summary says so too, not only the exit code and stderr.
+    assert main(["decode", "--backend", "cpu", "--out", str(out), str(src)]) == 1
+    assert "2 inputs: 2 ok, 0 fallback, 0 error, 1 PNG(s) not written" in capsys.readouterr().out
 
 
 def test_folders_linked_in_are_walked_once_and_empty_arguments_reported(folder, tmp_path, capsys):
@@ -187,11 +190,63 @@ def test_folders_linked_in_are_walked_once_and_empty_arguments_reported(folder, 
     assert f"no files under {tmp_path / 'empty'}" in capsys.readouterr().err
 
 
-def test_bad_usage_exits_2():
+def test_bad_usage_exits_2(tmp_path):
     for argv in (["decode"], ["decode", "--backend", "nope", "x.jpg"], ["frobnicate"],
-                 ["decode", "--backend", "sim", "--lanes", "0", "x.jpg"], ["decode", "--max-width", "-1", "x.jpg"]):
-        done = subprocess.run([sys.executable, "-m", "dlbooster.cli", *argv], capture_output=True)
+                 ["decode", "--backend", "sim", "--lanes", "0", "x.jpg"], ["decode", "--max-width", "-1", "x.jpg"],
+                 ["predict", "--model", "resnet18", "--batch-size", "-4"], ["predict", "--gpus", "0"],
+                 ["predict", "--nodes", "0"], ["predict", "--image-size", "0"], ["train", "--batch-size", "0"],
+                 ["build", "--verilog", str(tmp_path / "no-such-folder" / "x.v")]):
+        done = subprocess.run([sys.executable, "-m", "dlbooster.cli", *argv], capture_output=True, text=True)
         assert done.returncode == 2, argv
+        assert "Traceback" not in done.stderr, argv
+
+
+def test_board_backends_that_cannot_open_give_one_line(folder):
+    """A board backend without its board and binary is a usage error (2); a named board
+    that cannot be opened fails the command (1); neither prints a traceback."""
+    photo = str(folder / "a.jpg")
+    cases = [(["--backend", "pynq"], {}, 2, "needs board= and binary="),
+             (["--backend", "xrt", "--board", "alveo-u50", "--binary", str(folder / "none.xclbin")], {}, 1,
+              "none.xclbin: no such file"),
+             ([], {"DLBOOSTER_BOARD": "pynq-z2", "DLBOOSTER_BINARY": str(folder / "none.bit")}, 1,
+              "backend auto: " + str(folder / "none.bit") + ": no such file"),
+             ([], {"DLBOOSTER_BOARD": "bogus", "DLBOOSTER_BINARY": str(folder / "none.bit")}, 1,
+              "unknown board 'bogus'")]
+    for options, env, code, message in cases:
+        environ = {k: v for k, v in os.environ.items() if not k.startswith("DLBOOSTER_B")}
+        done = subprocess.run([sys.executable, "-m", "dlbooster.cli", "decode", *options, photo],
+                              capture_output=True, text=True, env={**environ, **env})
+        assert done.returncode == code, (options, env, done.stderr)
+        assert done.stderr.startswith("dlbooster decode: ") and message in done.stderr, done.stderr
+        assert "Traceback" not in done.stderr
+
+
+def test_output_cut_short_by_its_reader_ends_quietly(tmp_path):
+    """`dlbooster decode ... | head -1`: the closed pipe ends the command without a traceback."""
+    for i in range(400):                  # about 100 KB of JSON, more than a pipe holds
+        Image.new("RGB", (8, 8), (i % 256, 0, 0)).save(tmp_path / f"{i:03}.jpg")
+    proc = subprocess.Popen([sys.executable, "-m", "dlbooster.cli", "decode", "--backend", "cpu", "--json",
+                             str(tmp_path)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    assert proc.stdout.readline() == "{\n"
+    proc.stdout.close()
+    stderr = proc.stderr.read()
+    assert proc.wait() == 1 and "Traceback" not in stderr and "BrokenPipeError" not in stderr, stderr
+
+
+def test_bench_names_an_unreadable_input(tmp_path):
+    with pytest.raises(SystemExit, match=f"dlbooster bench: {tmp_path / 'missing.jpg'}: No such file"):
+        main(["bench", "parse", str(tmp_path / "missing.jpg")])
+
+
+def test_demo_decodes_every_photo_equal_to_pillow(capsys):
+    from dlbooster.samples import packaged_photos
+
+    if not packaged_photos():
+        pytest.skip("no packaged photographs (scikit-image not installed)")
+    assert main(["demo"]) == 0
+    out = capsys.readouterr().out
+    n = 6 * len(packaged_photos())        # six JPEG variants of each photograph
+    assert f"{n} inputs: {n} ok, 0 fallback, 0 error, 0 differ from Pillow" in out
 
 
 def test_bench_parse_writes_json(folder, tmp_path, capsys):
