@@ -562,7 +562,7 @@ def _cmd_records(args: argparse.Namespace) -> int:
 
 
 def _cmd_train(args: argparse.Namespace) -> int:
-    from .train import TrainConfig, format_epoch, summary_json, train
+    from .train import NoTrainingData, TrainConfig, format_epoch, summary_json, train
 
     if args.fidelity is not None and args.records is None:
         print("dlbooster train: --fidelity needs --records", file=sys.stderr)
@@ -604,6 +604,9 @@ def _cmd_train(args: argparse.Namespace) -> int:
     except (ValueError, FileNotFoundError) as exc:   # RecordError is a ValueError
         print(f"dlbooster train: {exc}", file=sys.stderr)
         return 2
+    except NoTrainingData as exc:
+        print(f"dlbooster train: {exc}", file=sys.stderr)
+        return 1
     if int(os.environ.get("RANK", "0")) != 0:
         return 0
     if args.json:

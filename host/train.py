@@ -32,12 +32,17 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-__all__ = ["TrainConfig", "format_epoch", "photo_dataset", "summary_json", "train"]
+__all__ = ["NoTrainingData", "TrainConfig", "format_epoch", "photo_dataset", "summary_json", "train"]
 
 log = logging.getLogger(__name__)
 
 #: Validation share when DATA has no ``val/`` folder: every ``_VAL_EVERY``-th file per class.
 _VAL_EVERY = 5
+
+
+class NoTrainingData(RuntimeError):
+    """A whole epoch delivered no training sample (every one failed to decode and was
+    skipped): training would loop without a step."""
 
 
 @dataclass
@@ -259,6 +264,10 @@ def train(config: TrainConfig, *, on_epoch=None, on_step=None) -> dict:
         value = getattr(config, name)
         if value is not None and value < 1:
             raise ValueError(f"{name} must be at least 1, not {value}")
+    if config.warmup_epochs < 0:
+        raise ValueError(f"warmup_epochs must be at least 0, not {config.warmup_epochs}")
+    if not 0.0 <= config.label_smoothing <= 1.0:
+        raise ValueError(f"label_smoothing must be between 0 and 1, not {config.label_smoothing}")
     if config.fidelity is not None and config.records is None:
         raise ValueError("fidelity applies to records (--records) only")
     if config.model not in torchvision.models.list_models(module=torchvision.models):
@@ -335,6 +344,11 @@ def _run(config, device, dist, train_source, val_source, classes, on_epoch, on_s
                     # Ranks' augmentation streams must not meet: the transform adds the epoch.
                     transform=train_transform(config.image_size, seed=config.seed + 1_000_003 * dist.rank),
                     progress=config.progress, trace=trace, **loader_args)
+    if len(loader.sampler) % config.batch_size == 1 and len(loader.sampler) > 1:
+        # Batch norm cannot normalise a training batch of one sample (a 1x1 feature map at
+        # small sizes): a final batch of one is dropped, as DataLoader(drop_last=True)
+        # drops a partial batch.
+        loader.drop_last = True
     val_loader = Loader(val_source, config.batch_size, shuffle=False,
                         transform=eval_transform(config.image_size, resize=config.image_size * 8 // 7),
                         **loader_args) if val_source is not None else None
@@ -443,6 +457,9 @@ def _run(config, device, dist, train_source, val_source, classes, on_epoch, on_s
             summary["val_top1"], summary["loss_last"] = top1, (losses[-1] if losses else summary["loss_last"])
             if on_epoch is not None and dist.rank == 0:
                 on_epoch(record)
+            if not loss_n and batch_no >= per_epoch:
+                outcomes = dict(stats.outcomes) if stats else {}
+                raise NoTrainingData(f"epoch {epoch}: no training sample decoded ({outcomes}); nothing to train on")
             if config.checkpoint:
                 _save(config, dist, model, optimizer, schedule, loader, step, epoch, batch_no, first_loss)
             epoch, skip = (epoch + 1, 0) if batch_no >= per_epoch else (epoch, batch_no)

@@ -81,6 +81,50 @@ def test_bad_settings_are_usage_errors(photos, capsys):
     assert main(["train", photos + "/missing", "--backend", "cpu", "--steps", "1"]) == 2
 
 
+def test_recipe_settings_out_of_range_are_usage_errors(photos, capsys):
+    from dlbooster.cli import main
+
+    assert main(["train", photos, "--backend", "cpu", "--steps", "1", "--warmup-epochs", "-1"]) == 2
+    assert "warmup_epochs must be at least 0, not -1" in capsys.readouterr().err
+    assert main(["train", photos, "--backend", "cpu", "--steps", "1", "--label-smoothing", "2"]) == 2
+    assert "label_smoothing must be between 0 and 1, not 2" in capsys.readouterr().err
+
+
+def test_a_final_batch_of_one_is_dropped(photos):
+    """120 training images in batches of 7 leave one: batch norm cannot train on one
+    sample at 32 pixels (a 1x1 map in ResNet-18's last stage), so that batch is dropped."""
+    epochs = []
+    summary = train(replace(BASE, data=photos, batch_size=7, image_size=32, epochs=1), on_epoch=epochs.append)
+    assert summary["steps"] == 17 and summary["images"] == 119
+    assert epochs[0]["steps"] == 17
+
+
+def test_an_epoch_with_nothing_decodable_stops_training(tmp_path):
+    """Every training file undecodable (each skipped with its reason): training stops
+    after the first epoch instead of looping without a step."""
+    from PIL import Image
+
+    from dlbooster.cli import main
+    from dlbooster.train import NoTrainingData
+
+    for cls in ("a", "b"):
+        (tmp_path / "train" / cls).mkdir(parents=True)
+        (tmp_path / "val" / cls).mkdir(parents=True)
+        for i in range(3):
+            (tmp_path / "train" / cls / f"{i}.jpg").write_bytes(b"\xff\xd8 not a jpeg")
+        Image.new("RGB", (40, 40), (200, 0, 0)).save(tmp_path / "val" / cls / "v.jpg")
+    epochs = []
+
+    def on_epoch(record):
+        epochs.append(record)
+        assert len(epochs) == 1, "training looped over epochs without a step"
+
+    with pytest.raises(NoTrainingData, match="epoch 0: no training sample decoded"):
+        train(replace(BASE, data=str(tmp_path), steps=2), on_epoch=on_epoch)
+    assert main(["train", str(tmp_path), "--backend", "cpu", "--device", "cpu", "--steps", "2",
+                 "--batch-size", "2", "--image-size", "32"]) == 1
+
+
 def test_inception_style_model_trains(photos):
     summary = train(replace(BASE, data=photos, steps=1, model="googlenet"))
     assert summary["steps"] == 1 and summary["loss_first"] > 0
