@@ -45,7 +45,28 @@ from pathlib import Path
 __all__ = ["add_arguments", "run"]
 
 
+def _count(text: str) -> int:
+    """argparse type: an integer of at least 0 (0 turns a part off or means no limit)."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be at least 0, not {value}")
+    return value
+
+
+def _positive_list(text: str) -> str:
+    """argparse type: comma-separated integers of at least 1, or nothing (kept as the text)."""
+    for item in text.split(",") if text else ():
+        if not item.strip().isdigit() or int(item) < 1:
+            raise argparse.ArgumentTypeError(f"{text!r}: give integers of at least 1, separated by commas")
+    return text
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
+    from .cli import _positive
+
     kinds = parser.add_subparsers(dest="kind", required=True)
     for kind, text in (("parse", "header parse + classify, microseconds per file"),
                        ("decode", "Pillow vs cpu backend vs reference model, images/s"),
@@ -65,67 +86,69 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                                 "hymenoptera and ImageNet sample photos)")
             p.add_argument("--fidelities", help="comma-separated fidelities to read and load "
                                                 "(default: 1, 2, 5 and full)")
-            p.add_argument("--rounds", type=int, default=5, help="alternating read rounds")
-            p.add_argument("--sample", type=int, default=16, help="images whose PSNR is measured")
-            p.add_argument("--images-per-record", type=int, default=256)
-            p.add_argument("--loader-epochs", type=int, default=2, help="timed Loader epochs (0: none)")
-            p.add_argument("--batch-size", type=int, default=32)
-            p.add_argument("--workers", type=int, default=2, help="CPU decode threads")
-            p.add_argument("--train-epochs", type=int, default=0, help="training comparison epochs (0: none)")
-            p.add_argument("--train-fidelity", type=int, default=2, help="the low fidelity trained at")
+            p.add_argument("--rounds", type=_positive, default=5, help="alternating read rounds")
+            p.add_argument("--sample", type=_positive, default=16, help="images whose PSNR is measured")
+            p.add_argument("--images-per-record", type=_positive, default=256)
+            p.add_argument("--loader-epochs", type=_count, default=2, help="timed Loader epochs (0: none)")
+            p.add_argument("--batch-size", type=_positive, default=32)
+            p.add_argument("--workers", type=_positive, default=2, help="CPU decode threads")
+            p.add_argument("--train-epochs", type=_count, default=0, help="training comparison epochs (0: none)")
+            p.add_argument("--train-fidelity", type=_positive, default=2, help="the low fidelity trained at")
             p.add_argument("--model", default="resnet18")
-            p.add_argument("--image-size", type=int, default=112, help="training crop, pixels")
+            p.add_argument("--image-size", type=_positive, default=112, help="training crop, pixels")
         elif kind != "backward":
             p.add_argument("paths", nargs="*", metavar="PATH",
                            help="files or folders (default: the corpus ImageNet sample photos)")
-            p.add_argument("--limit", type=int, default=0, help="use at most N files")
+            p.add_argument("--limit", type=_count, default=0, help="use at most N files")
         p.add_argument("--json", metavar="FILE", help="write the results as JSON")
         if kind == "parse":
-            p.add_argument("--repeat", type=int, default=20, help="timed repetitions per file")
+            p.add_argument("--repeat", type=_positive, default=20, help="timed repetitions per file")
         elif kind == "idct":
-            p.add_argument("--lanes", default="1,2,4",
+            p.add_argument("--lanes", default="1,2,4", type=_positive_list,
                            help="comma-separated IDCT lane counts (rows per clock) to measure")
-            p.add_argument("--ieee-blocks", type=int, default=10000,
+            p.add_argument("--ieee-blocks", type=_count, default=10000,
                            help="blocks per IEEE 1180 run (0 skips the test)")
         elif kind == "lane":
             p.add_argument("--per-file", action="store_true", help="print a row per file")
-            p.add_argument("--max-width", type=int, default=8192, help="the lane's line-buffer width")
+            p.add_argument("--max-width", type=_positive, default=8192, help="the lane's line-buffer width")
             p.add_argument("--all", action="store_true",
                            help="also run the files classify() rejects and check how the lane stops")
             p.add_argument("--recode", metavar="SUBSAMPLING@QUALITY",
                            help="re-encode every input with Pillow first, e.g. 4:2:0@90 "
                                 "(subsampling 4:4:4, 4:2:2, 4:2:0 or gray)")
         elif kind == "device":
-            p.add_argument("--lanes", default="1", help="comma-separated lane counts of the builds to run")
-            p.add_argument("--max-width", type=int, default=8192, help="the device's line-buffer width")
+            p.add_argument("--lanes", default="1", type=_positive_list,
+                           help="comma-separated lane counts of the builds to run")
+            p.add_argument("--max-width", type=_positive, default=8192, help="the device's line-buffer width")
         elif kind == "host":
-            p.add_argument("--batch-size", type=int, default=64)
-            p.add_argument("--epochs", type=int, default=3, help="timed epochs (after one warm-up)")
-            p.add_argument("--lanes", type=int, default=4, help="lanes the instant device reports")
-            p.add_argument("--cpu-workers", type=int, default=1, help="the service's CPU threads")
+            p.add_argument("--batch-size", type=_positive, default=64)
+            p.add_argument("--epochs", type=_positive, default=3, help="timed epochs (after one warm-up)")
+            p.add_argument("--lanes", type=_positive, default=4, help="lanes the instant device reports")
+            p.add_argument("--cpu-workers", type=_positive, default=1, help="the service's CPU threads")
         elif kind == "loader":
-            p.add_argument("--batch-size", type=int, default=32)
-            p.add_argument("--epochs", type=int, default=2, help="timed epochs (after one warm-up)")
-            p.add_argument("--rounds", type=int, default=3, help="alternating timed rounds of each loader")
-            p.add_argument("--size", type=int, default=224, help="random-resized-crop size")
-            p.add_argument("--workers", type=int, default=2,
+            p.add_argument("--batch-size", type=_positive, default=32)
+            p.add_argument("--epochs", type=_positive, default=2, help="timed epochs (after one warm-up)")
+            p.add_argument("--rounds", type=_positive, default=3, help="alternating timed rounds of each loader")
+            p.add_argument("--size", type=_positive, default=224, help="random-resized-crop size")
+            p.add_argument("--workers", type=_positive, default=2,
                            help="torchvision DataLoader workers = dlbooster CPU threads")
-            p.add_argument("--sim-lanes", default="", help="comma-separated lane counts for the sim backend")
-            p.add_argument("--sim-files", type=int, default=8, help="files through the sim backend")
-            p.add_argument("--sim-max-width", type=int, default=512, help="the sim device's line-buffer width")
+            p.add_argument("--sim-lanes", default="", type=_positive_list,
+                           help="comma-separated lane counts for the sim backend (default: none)")
+            p.add_argument("--sim-files", type=_positive, default=8, help="files through the sim backend")
+            p.add_argument("--sim-max-width", type=_positive, default=512, help="the sim device's line-buffer width")
         elif kind == "backward":
             p.add_argument("--model", default="resnet18", help="torchvision model")
-            p.add_argument("--batch-size", default="32", help="comma-separated batch sizes")
+            p.add_argument("--batch-size", default="32", type=_positive_list, help="comma-separated batch sizes")
             p.add_argument("--dtype", default="fp32", help="comma-separated: fp32, bf16 (autocast)")
-            p.add_argument("--image-size", type=int, default=224)
+            p.add_argument("--image-size", type=_positive, default=224)
             p.add_argument("--device", default="cpu")
-            p.add_argument("--iterations", type=int, default=1, help="timed iterations per round")
-            p.add_argument("--rounds", type=int, default=15, help="alternating rounds of each schedule")
-            p.add_argument("--warmup", type=int, default=1, help="untimed iterations first")
-            p.add_argument("--streams", type=int, default=2, help="side CUDA streams of the split schedule")
+            p.add_argument("--iterations", type=_positive, default=1, help="timed iterations per round")
+            p.add_argument("--rounds", type=_positive, default=15, help="alternating rounds of each schedule")
+            p.add_argument("--warmup", type=_count, default=1, help="untimed iterations first")
+            p.add_argument("--streams", type=_positive, default=2, help="side CUDA streams of the split schedule")
         elif kind == "entropy":
             p.add_argument("--per-file", action="store_true", help="print a row per file")
-            p.add_argument("--ready", type=int, default=100,
+            p.add_argument("--ready", type=_positive, default=100,
                            help="percent of clocks the coefficient output is ready")
         else:
             p.add_argument("--backends", default="pillow,cpu,model",
@@ -531,6 +554,9 @@ def _run_records(args: argparse.Namespace) -> dict:
         if corpus is None:
             raise SystemExit("no DATASET given and no shared corpus found (set DLBOOSTER_CORPUS)")
         paths = [str(corpus / "hymenoptera" / "hymenoptera_data"), str(corpus / "imagenet-sample-images")]
+    for path in paths:
+        if not Path(path).is_dir():
+            raise SystemExit(f"dlbooster bench records: {path}: no such folder")
     fidelities = [int(k) for k in args.fidelities.split(",")] if args.fidelities else None
     result = bench_records(paths, fidelities=fidelities, rounds=args.rounds,
                            sample=args.sample, images_per_record=args.images_per_record,

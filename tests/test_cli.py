@@ -195,7 +195,10 @@ def test_bad_usage_exits_2(tmp_path):
                  ["decode", "--backend", "sim", "--lanes", "0", "x.jpg"], ["decode", "--max-width", "-1", "x.jpg"],
                  ["predict", "--model", "resnet18", "--batch-size", "-4"], ["predict", "--gpus", "0"],
                  ["predict", "--nodes", "0"], ["predict", "--image-size", "0"], ["train", "--batch-size", "0"],
-                 ["build", "--verilog", str(tmp_path / "no-such-folder" / "x.v")]):
+                 ["build", "--verilog", str(tmp_path / "no-such-folder" / "x.v")],
+                 ["bench", "host", "--epochs", "0"], ["bench", "loader", "--batch-size", "0"],
+                 ["bench", "loader", "--sim-lanes", "1,,2"], ["bench", "device", "--lanes", "1,0"],
+                 ["bench", "parse", "--limit", "-1"], ["bench", "records", "--rounds", "0"]):
         done = subprocess.run([sys.executable, "-m", "dlbooster.cli", *argv], capture_output=True, text=True)
         assert done.returncode == 2, argv
         assert "Traceback" not in done.stderr, argv
@@ -236,6 +239,8 @@ def test_output_cut_short_by_its_reader_ends_quietly(tmp_path):
 def test_bench_names_an_unreadable_input(tmp_path):
     with pytest.raises(SystemExit, match=f"dlbooster bench: {tmp_path / 'missing.jpg'}: No such file"):
         main(["bench", "parse", str(tmp_path / "missing.jpg")])
+    with pytest.raises(SystemExit, match=f"dlbooster bench records: {tmp_path / 'none'}: no such folder"):
+        main(["bench", "records", str(tmp_path / "none")])
 
 
 def test_demo_decodes_every_photo_equal_to_pillow(capsys):
