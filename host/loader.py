@@ -15,6 +15,7 @@ from __future__ import annotations
 import functools
 import logging
 import math
+import numbers
 import os
 import threading
 import time
@@ -172,7 +173,8 @@ class Loader:
             decodes, and each batch's assembly and copy.
 
     Raises:
-        ValueError: bad policy, sizes or fidelity; TypeError/FileNotFoundError: bad source;
+        ValueError: bad policy, sizes, fidelity or label; TypeError: a batch size that is
+            not an integer, or a bad source; FileNotFoundError: a missing source;
         dlbooster.records.RecordError: a corrupt record file.
     """
 
@@ -186,6 +188,8 @@ class Loader:
 
         from .records import RecordSet, is_record_dir
 
+        if isinstance(batch_size, bool) or not isinstance(batch_size, numbers.Integral):
+            raise TypeError(f"batch_size must be an integer, not {batch_size!r}")
         if batch_size < 1:
             raise ValueError(f"batch_size must be positive, not {batch_size}")
         if on_error not in POLICIES:
@@ -197,6 +201,8 @@ class Loader:
             self.records = source if isinstance(source, RecordSet) else RecordSet(source)
             self._entries = list(self.records.entries())
             self.samples = [Sample(f"{rf.path}#{i}", rf.labels[i]) for rf, i in self._entries]
+        elif isinstance(source, (str, os.PathLike)) and is_record_dir(os.path.join(source, "train")):
+            raise ValueError(f"{os.fspath(source)}: a folder of record sets (train/, val/); give one of them")
         else:
             self.samples = as_samples(source)
         self.fidelity = fidelity

@@ -262,13 +262,16 @@ def write_records(src: str | os.PathLike, out_dir: str | os.PathLike, *, images_
         FileNotFoundError: ``src`` is no ImageFolder.
         FileExistsError: ``out_dir`` already holds record files.
         RecordError: jpegtran is missing.
-        ValueError: ``images_per_record`` below 1.
+        ValueError: ``images_per_record`` below 1, or ``out_dir`` inside ``src``.
         OSError: a record file cannot be written (its temporary file is removed).
     """
     from .sources import image_folder
 
     if images_per_record < 1:
         raise ValueError(f"images_per_record must be at least 1, not {images_per_record}")
+    if Path(os.path.realpath(out_dir)).is_relative_to(os.path.realpath(src)):
+        # Inside SRC the new folder would become a class of SRC's ImageFolder.
+        raise ValueError(f"{out_dir}: inside the source folder {src}")
     samples, classes, _ = image_folder(src)
     jpegtran = _jpegtran(jpegtran)
     out = Path(out_dir)

@@ -96,6 +96,8 @@ def _pair(i: int, item: object) -> Sample:
         label = operator.index(label)
     except TypeError:
         raise TypeError(f"sample {i}: label must be an integer, got {label!r}") from None
+    if not -2**63 <= label < 2**63:           # batches carry labels as int64
+        raise ValueError(f"sample {i}: label {label} does not fit in int64")
     return Sample(path, label)
 
 
@@ -117,6 +119,7 @@ def as_samples(source: object) -> list[Sample]:
         NotADirectoryError: the path exists but is not a folder.
         TypeError: ``source`` is none of the above (the message names its type), or an
             item is not a Sample or a (path, integer label) pair.
+        ValueError: a label outside int64 (the batches' label dtype).
     """
     if isinstance(source, (str, os.PathLike)):
         path = os.path.expanduser(os.fspath(source))

@@ -371,6 +371,11 @@ def test_bad_policy_arguments():
         make_loader([("x.jpg", 0)], 1, on_error="replace")
     with pytest.raises(ValueError):
         make_loader([("x.jpg", 0)], 0)
+    for size in (2.5, True, "2", None):
+        with pytest.raises(TypeError, match="batch_size must be an integer"):
+            make_loader([("x.jpg", 0)], size)
+    with pytest.raises(ValueError, match="does not fit in int64"):   # found at once, not mid-epoch
+        make_loader([("x.jpg", 2**63)], 1)
 
 
 # ---------------------------------------------------------------------------------

@@ -143,6 +143,10 @@ def test_skipped_inputs_are_reported(tmp_path):
         assert path in reason and ("jpegtran" in reason or "Pillow" in reason or "not a regular file" in reason)
     with pytest.raises(FileExistsError):
         R.write_records(src, tmp_path / "rec")
+    # Inside SRC the records folder would turn into a class of SRC; nothing is created.
+    with pytest.raises(ValueError, match="inside the source folder"):
+        R.write_records(src, src / "rec")
+    assert not (src / "rec").exists()
 
 
 def _copy(rec: Path, tmp: Path) -> Path:
@@ -424,6 +428,11 @@ def test_cli_write_info_and_train(tmp_path):
     assert code == 2 and "already holds record files" in err
     code, _, err = _cli("records", "info", str(tmp_path))
     assert code == 2 and "no record files" in err
+    # The folder holding train/ and val/ record sets is not an ImageFolder: the Loader says so.
+    from dlbooster import Loader
+
+    with pytest.raises(ValueError, match="a folder of record sets"):
+        Loader(str(tmp_path / "rec"), 2, backend="cpu")
     code, _, err = _cli("records", "info", str(tmp_path / "rec" / "val"), "--sample", "0")
     assert code == 2 and "sample must be at least 1" in err
     code, _, err = _cli("records", "info", str(tmp_path / "rec" / "val"), "extra")

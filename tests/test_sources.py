@@ -170,6 +170,12 @@ def test_as_samples_from_pairs():
     assert as_samples([]) == []
 
 
+def test_labels_must_fit_the_batches_int64():
+    assert as_samples([("a.jpg", 2**63 - 1), ("b.jpg", -2**63)])[0].label == 2**63 - 1
+    with pytest.raises(ValueError, match="sample 1: label 9223372036854775808 does not fit in int64"):
+        as_samples([("a.jpg", 0), ("b.jpg", 2**63)])
+
+
 def test_as_samples_missing_path(tmp_path):
     missing = tmp_path / "missing"
     with pytest.raises(FileNotFoundError, match="missing"):
