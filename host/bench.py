@@ -45,17 +45,6 @@ from pathlib import Path
 __all__ = ["add_arguments", "run"]
 
 
-def _count(text: str) -> int:
-    """argparse type: an integer of at least 0 (0 turns a part off or means no limit)."""
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"must be at least 0, not {value}")
-    return value
-
-
 def _positive_list(text: str) -> str:
     """argparse type: comma-separated integers of at least 1, or nothing (kept as the text)."""
     for item in text.split(",") if text else ():
@@ -65,7 +54,7 @@ def _positive_list(text: str) -> str:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    from .cli import _positive
+    from .cli import _count, _positive
 
     kinds = parser.add_subparsers(dest="kind", required=True)
     for kind, text in (("parse", "header parse + classify, microseconds per file"),

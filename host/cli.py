@@ -35,15 +35,22 @@ from pathlib import Path
 __all__ = ["main"]
 
 
-def _positive(text: str) -> int:
-    """argparse type: an integer of at least 1 (lanes, devices, widths, seeds, sizes, counts)."""
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be at least 1, not {value}")
-    return value
+def _integer_at_least(minimum: int):
+    """An argparse type: an integer of at least ``minimum``."""
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
+        if value < minimum:
+            raise argparse.ArgumentTypeError(f"must be at least {minimum}, not {value}")
+        return value
+    return parse
+
+
+#: argparse types: counts, sizes, lanes, widths (at least 1); limits and optional parts (0: none).
+_positive = _integer_at_least(1)
+_count = _integer_at_least(0)
 
 
 def _walk(paths: list[str]) -> list[tuple[str, str]]:
