@@ -107,13 +107,12 @@ def _cmd_decode(args: argparse.Namespace) -> int:
     from tqdm import tqdm
 
     from .backends import CpuBackend, decode_pillow, get_backend, read_input
+    from .boards import BoardError
     from .errors import DecodeError
 
     if args.out and os.path.exists(args.out) and not os.path.isdir(args.out):
         print(f"dlbooster decode: --out {args.out} exists and is not a folder", file=sys.stderr)
         return 2
-    from .boards import BoardError
-
     options = {"model": {"max_width": args.max_width},
                "sim": {"max_width": args.max_width, "lanes": args.lanes},
                "pynq": {"board": args.board, "binary": args.binary},

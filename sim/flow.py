@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import functools
 import hashlib
 import os
 import re
@@ -91,9 +92,10 @@ def export_flat_verilog(component, name: str) -> str:
     return yosys.run(["-q", "-"], "\n".join(script), ignore_warnings=True)
 
 
+@functools.cache
 def verilator_version() -> str:
     """``verilator --version`` of the toolchain :func:`toolchain_env` selects (part of
-    every build's cache key)."""
+    every build's cache key); asked once per process, as every device open needs it."""
     toolchain_env()
     return subprocess.run(["verilator", "--version"], capture_output=True, text=True).stdout
 
