@@ -624,6 +624,9 @@ def _cmd_train(args: argparse.Namespace) -> int:
               f"loss {losses}, val top-1 {top1}, "
               f"host cores {summary['host_cores']:.2f}, world size {summary['world_size']}")
         print(f"decode outcomes: {summary['outcomes']} ({summary['fallbacks']} CPU fallbacks)")
+        if summary["untrained"]:
+            print(f"{summary['untrained']} decoded images were not trained on: their batch had a rank with "
+                  f"no decoded sample (or one, with batch norm), so no rank stepped on it", file=sys.stderr)
         wide = summary["outcomes"].get("fallback:width", 0)
         if wide:
             print(f"{wide} images were wider than the device's {args.max_width}-pixel line buffers and "

@@ -189,6 +189,9 @@ class _Distributed:
             self.owned = True
         else:
             self.owned = False
+        # The per-step agreement (all_min) runs on the CPU: through NCCL it would be a
+        # device synchronisation every step.
+        self.control = dist.new_group(backend="gloo") if self.active and dist.get_backend() == "nccl" else None
 
     def all_sum(self, values: list[float]) -> list[float]:
         import torch
@@ -201,6 +204,17 @@ class _Distributed:
             t = t.cuda()
         dist.all_reduce(t)
         return t.cpu().tolist()
+
+    def all_min(self, value: int) -> int:
+        """The smallest ``value`` over the ranks (every rank must call it)."""
+        import torch
+        import torch.distributed as dist
+
+        if not self.active:
+            return value
+        t = torch.tensor([value], dtype=torch.int64)
+        dist.all_reduce(t, op=dist.ReduceOp.MIN, group=self.control)
+        return int(t.item())
 
     def gather(self, obj):
         import torch.distributed as dist
@@ -240,7 +254,9 @@ def train(config: TrainConfig, *, on_epoch=None, on_step=None) -> dict:
         ``val_top1`` (fraction, last validation), ``host_cores`` (this process's CPU
         time over wall time during training), ``backend``, ``backward``, ``epochs``
         (per-epoch figures), ``outcomes`` (training decode outcomes by status and
-        reason, this rank), ``fallbacks`` (how many of them fell back to the CPU), ``world_size``,
+        reason, this rank), ``fallbacks`` (how many of them fell back to the CPU),
+        ``untrained`` (decoded training samples of batches no rank stepped on, all
+        ranks: a rank had none, or one with batch norm), ``world_size``,
         ``model``, ``classes``, ``resumed_from`` (step), ``trace``, and with records
         ``fidelity`` (the scans per training image, None: all) and ``fidelity_choice``
         (the ``"auto"`` search: scores per fidelity).
@@ -349,6 +365,10 @@ def _run(config, device, dist, train_source, val_source, classes, on_epoch, on_s
         # small sizes): a final batch of one is dropped, as DataLoader(drop_last=True)
         # drops a partial batch.
         loader.drop_last = True
+    # Batch norm cannot normalise one sample in training mode (at small sizes the map is
+    # 1x1): a batch that skips leave with one sample on any rank is not trained on.
+    min_batch = 2 if config.batch_size > 1 and any(
+        isinstance(m, nn.modules.batchnorm._BatchNorm) for m in model.modules()) else 1
     val_loader = Loader(val_source, config.batch_size, shuffle=False,
                         transform=eval_transform(config.image_size, resize=config.image_size * 8 // 7),
                         **loader_args) if val_source is not None else None
@@ -394,13 +414,15 @@ def _run(config, device, dist, train_source, val_source, classes, on_epoch, on_s
     summary = {"steps": 0, "images": 0, "images_per_s": 0.0, "loss_first": first_loss, "loss_last": None,
                "val_top1": None, "host_cores": 0.0, "backend": loader.backend_name, "backward": config.backward,
                "model": config.model, "classes": len(classes), "world_size": dist.world, "device": str(device),
-               "lr": lr, "epochs": [], "outcomes": {}, "fallbacks": 0, "resumed_from": resumed, "trace": config.trace}
+               "lr": lr, "epochs": [], "outcomes": {}, "fallbacks": 0, "untrained": 0, "resumed_from": resumed,
+               "trace": config.trace}
     if config.records is not None:
         summary.update(records=config.records, fidelity=fidelity,
                        fidelity_choice=choice.to_json() if choice is not None else None)
     images_total, wall_total, cpu_total = 0, 0.0, 0.0
     try:
-        while step < total:
+        # Steps not taken (batches skipped above) are not made up in an extra epoch.
+        while step < total and (config.epochs is None or epoch < config.epochs):
             loader.set_epoch(epoch)
             if skip:
                 _skip_to(loader, skip)
@@ -411,11 +433,16 @@ def _run(config, device, dist, train_source, val_source, classes, on_epoch, on_s
                 _set_rng_state(loader, ranks[dist.rank])
             state = None
             model.train()
-            losses, images, batch_no = [], 0, skip
+            losses, images, untrained, batch_no = [], 0, 0, skip
             wall0, cpu0 = time.perf_counter(), time.process_time()
             for images_batch, labels in loader:
-                if not len(labels):                   # every sample of the batch was skipped
+                # Every rank takes the step or none does: DDP's gradient all-reduce (and
+                # the split schedule's) would wait forever for a rank that skipped it.
+                if dist.all_min(len(labels)) < min_batch:
+                    untrained += len(labels)
                     batch_no += 1
+                    log.warning("epoch %d batch %d not trained on: a rank has fewer than %d decoded samples "
+                                "(this rank: %d)", epoch, batch_no - 1, min_batch, len(labels))
                     continue
                 phase = trace.span if trace is not None else _no_span
                 with phase("forward", "train", thread="trainer"):
@@ -448,9 +475,10 @@ def _run(config, device, dist, train_source, val_source, classes, on_epoch, on_s
                 if key.startswith("fallback"):
                     summary["fallbacks"] += n
             top1 = _validate(net if config.backward == "autograd" else model, val_loader, dist, device)
-            loss_sum, loss_n, img_sum = dist.all_sum([sum(losses), len(losses), images])
+            loss_sum, loss_n, img_sum, untrained_sum = dist.all_sum([sum(losses), len(losses), images, untrained])
+            summary["untrained"] += int(untrained_sum)
             record = {"epoch": epoch, "steps": len(losses), "loss": loss_sum / loss_n if loss_n else None,
-                      "val_top1": top1, "images": int(img_sum), "seconds": wall,
+                      "val_top1": top1, "images": int(img_sum), "untrained": int(untrained_sum), "seconds": wall,
                       "images_per_s": img_sum / wall if wall else 0.0, "host_cores": cpu / wall if wall else 0.0,
                       "lane_busy": stats.lane_busy if stats else {}, "lr": schedule.get_last_lr()[0]}
             summary["epochs"].append(record)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 from dataclasses import replace
@@ -174,15 +175,22 @@ def test_sim_decoder_feeds_identical_training(photos, tmp_path):
     assert sum(1 for _, c, _ in spans if c == "weight-grad") == 2 * 21     # ResNet-18: 20 convs + fc
 
 
-def _torchrun(args: list[str], tmp_path) -> dict:
+def _torchrun(args: list[str], tmp_path, timeout: float = 600) -> dict:
     env = dict(os.environ, OMP_NUM_THREADS="1")
     for key in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
         env.pop(key, None)
-    proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
-                           "-m", "dlbooster.cli", "train", *args, "--json"],
-                          capture_output=True, text=True, env=env, timeout=600, cwd=tmp_path)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    return json.loads(proc.stdout[proc.stdout.index("{"):])
+    # A session of its own, so that a hung run's ranks are killed with it.
+    proc = subprocess.Popen([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+                             "-m", "dlbooster.cli", "train", *args, "--json"], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, env=env, cwd=tmp_path, start_new_session=True)
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        out, err = proc.communicate()
+        pytest.fail(f"torchrun hung for {timeout} s: {err[-2000:]}")
+    assert proc.returncode == 0, err[-3000:]
+    return json.loads(out[out.index("{"):])
 
 
 def test_torchrun_two_gloo_ranks_autograd_and_split_agree(photos, tmp_path):
@@ -199,3 +207,29 @@ def test_torchrun_two_gloo_ranks_autograd_and_split_agree(photos, tmp_path):
     assert a["images"] == b["images"] == 2 * 3 * 4          # both ranks, every step
     assert a["loss_first"] == b["loss_first"] and a["loss_last"] == b["loss_last"]
     assert _same_model(tmp_path / "ddp.pt", tmp_path / "split.pt")
+
+
+def test_a_rank_with_nothing_to_train_on_does_not_hang_the_others(tmp_path):
+    """Skips empty one rank's first batch and leave one sample in its second: no rank
+    steps on either (DDP's all-reduce would wait forever for the rank that skipped, and
+    batch norm cannot train on one sample at 32 pixels); the third batch trains on both."""
+    from PIL import Image
+
+    from dlbooster.sampler import shard_indices
+    from dlbooster.sources import image_folder
+
+    for split, count in (("train", 12), ("val", 1)):
+        for cls, colour in (("a", (200, 30, 30)), ("b", (30, 30, 200))):
+            (tmp_path / "data" / split / cls).mkdir(parents=True)
+            for i in range(count):
+                Image.new("RGB", (48, 40), colour).save(tmp_path / "data" / split / cls / f"{i:02d}.jpg")
+    samples, _, _ = image_folder(tmp_path / "data" / "train")
+    rank1 = shard_indices(len(samples), seed=0, rank=1, world_size=2)     # 12 indices, 3 batches of 4
+    for index in rank1[:4] + rank1[4:7]:
+        Path(samples[index].path).write_bytes(b"\xff\xd8 not a jpeg")
+    run = _torchrun([str(tmp_path / "data"), "--backend", "cpu", "--epochs", "1", "--batch-size", "4",
+                     "--image-size", "32", "--workers", "1", "--device", "cpu"], tmp_path, timeout=240)
+    assert run["world_size"] == 2 and run["steps"] == 1
+    assert run["images"] == 8                                   # the third batch of both ranks
+    assert run["untrained"] == 4 + 4 + 1                        # rank 0's first two batches, rank 1's lone sample
+    assert run["epochs"][0]["steps"] == 1 and run["epochs"][0]["untrained"] == 9
