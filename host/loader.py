@@ -159,8 +159,9 @@ class Loader:
         on_error: per-sample policy for inputs nothing can decode: ``raise``
             (:class:`~dlbooster.errors.DecodeError` naming the input), ``skip`` (left out
             of the batch, logged and counted; a batch whose every sample is skipped is
-            yielded empty: images ``torch.empty((0, 3, 0, 0), dtype=torch.uint8)``, the
-            transform not applied, and empty labels) or ``replace``
+            yielded empty: images the transform's ``empty(device)`` when it has one (a
+            :class:`~dlbooster.transforms.DeviceTransform`: (0, 3, size, size)), else
+            ``torch.empty((0, 3, 0, 0), dtype=torch.uint8)``, and empty labels) or ``replace``
             (``replace(index, outcome)`` returns an (h, w, 3) uint8 array that stands in
             for the sample).
         replace: the function for ``on_error="replace"``.
@@ -463,7 +464,9 @@ class Loader:
         indices = torch.from_numpy(buf.indices[keep].copy())
         labels = torch.from_numpy(buf.labels[keep].copy()).to(device, non_blocking=True)
         if not views:
-            images = torch.empty((0, 3, 0, 0), dtype=torch.uint8, device=device)
+            empty = getattr(self.transform, "empty", None)
+            images = empty(device) if empty is not None else torch.empty((0, 3, 0, 0), dtype=torch.uint8,
+                                                                          device=device)
         elif self.transform is not None:
             images = self.transform(views)
         else:

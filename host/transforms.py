@@ -347,6 +347,14 @@ class DeviceTransform:
         x.div_(255).sub_(mean).div_(std)
         return x.to(dtype=self.dtype, memory_format=self.memory_format)
 
+    def empty(self, device: torch.device | str = "cpu") -> Tensor:
+        """The output for a batch with no image: a (0, 3, size, size) tensor of ``dtype``
+        on ``device``, in the transform's memory format (a model's forward accepts it,
+        so that every rank of a data-parallel job still runs each batch's forward)."""
+        size = self.crop.size
+        return torch.empty((0, 3, size, size), dtype=self.dtype, device=device).contiguous(
+            memory_format=self.memory_format)
+
     def _statistics(self, device: torch.device) -> tuple[Tensor, Tensor]:
         """(1, 3, 1, 1) float32 mean and std on ``device``, made once per device."""
         key = str(device)

@@ -319,6 +319,25 @@ def test_huge_declared_frame_is_an_error_without_a_huge_buffer(tmp_path):
     assert loader.report.accounted == loader.report.positions == 3
 
 
+def test_an_empty_batch_has_the_transforms_shape_and_goes_through_a_model(tmp_path):
+    """Every sample skipped: with a DeviceTransform the batch is (0, 3, size, size) in its
+    dtype and memory format, which a model's forward takes (a data-parallel rank must
+    still run it: DDP's first evaluation forward broadcasts buffers)."""
+    import torchvision
+
+    from dlbooster.transforms import eval_transform
+
+    path = write(tmp_path / "bad.jpg", b"\xff\xd8 not a jpeg")
+    with make_loader([(str(path), 0)] * 2, 2, backend="cpu", transform=eval_transform(32, resize=36)) as loader:
+        (batch,) = drain(loader)
+    assert tuple(batch.images.shape) == (0, 3, 32, 32) and batch.images.dtype == torch.float32
+    assert batch.images.is_contiguous(memory_format=torch.channels_last)
+    assert len(batch.labels) == 0
+    net = torchvision.models.resnet18(num_classes=2).eval()
+    with torch.no_grad():
+        assert tuple(net(batch.images).shape) == (0, 2)
+
+
 def test_policy_raise_names_the_path(bad_dir):
     source = [(str(bad_dir[name]), i) for i, name in enumerate(("good", "png", "empty", "good_odd", "huge"))]
     with make_loader(source, 2, backend="cpu", on_error="raise") as loader:

@@ -227,9 +227,13 @@ def test_a_rank_with_nothing_to_train_on_does_not_hang_the_others(tmp_path):
     rank1 = shard_indices(len(samples), seed=0, rank=1, world_size=2)     # 12 indices, 3 batches of 4
     for index in rank1[:4] + rank1[4:7]:
         Path(samples[index].path).write_bytes(b"\xff\xd8 not a jpeg")
+    # Rank 1's only validation sample (unshuffled: index 1) too: its forward on an empty
+    # batch must still run (DDP's first evaluation forward broadcasts buffers).
+    (tmp_path / "data" / "val" / "b" / "00.jpg").write_bytes(b"\xff\xd8 not a jpeg")
     run = _torchrun([str(tmp_path / "data"), "--backend", "cpu", "--epochs", "1", "--batch-size", "4",
                      "--image-size", "32", "--workers", "1", "--device", "cpu"], tmp_path, timeout=240)
     assert run["world_size"] == 2 and run["steps"] == 1
     assert run["images"] == 8                                   # the third batch of both ranks
     assert run["untrained"] == 4 + 4 + 1                        # rank 0's first two batches, rank 1's lone sample
     assert run["epochs"][0]["steps"] == 1 and run["epochs"][0]["untrained"] == 9
+    assert run["val_top1"] in (0.0, 1.0)                         # rank 0's one validation sample
