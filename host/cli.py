@@ -625,8 +625,10 @@ def _cmd_train(args: argparse.Namespace) -> int:
               f"host cores {summary['host_cores']:.2f}, world size {summary['world_size']}")
         print(f"decode outcomes: {summary['outcomes']} ({summary['fallbacks']} CPU fallbacks)")
         if summary["untrained"]:
-            print(f"{summary['untrained']} decoded images were not trained on: their batch had a rank with "
-                  f"no decoded sample (or one, with batch norm), so no rank stepped on it", file=sys.stderr)
+            n = summary["untrained"]
+            print(f"{n} decoded image{'s were' if n != 1 else ' was'} not trained on: a batch had a rank with "
+                  f"no decoded sample (or one, where batch norm needs two), so no rank stepped on it",
+                  file=sys.stderr)
         wide = summary["outcomes"].get("fallback:width", 0)
         if wide:
             print(f"{wide} images were wider than the device's {args.max_width}-pixel line buffers and "

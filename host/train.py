@@ -228,6 +228,8 @@ class _Distributed:
     def close(self) -> None:
         import torch.distributed as dist
 
+        if self.control is not None:
+            dist.destroy_process_group(self.control)
         if self.owned:
             dist.destroy_process_group()
 
@@ -360,15 +362,13 @@ def _run(config, device, dist, train_source, val_source, classes, on_epoch, on_s
                     # Ranks' augmentation streams must not meet: the transform adds the epoch.
                     transform=train_transform(config.image_size, seed=config.seed + 1_000_003 * dist.rank),
                     progress=config.progress, trace=trace, **loader_args)
-    if len(loader.sampler) % config.batch_size == 1 and len(loader.sampler) > 1:
-        # Batch norm cannot normalise a training batch of one sample (a 1x1 feature map at
-        # small sizes): a final batch of one is dropped, as DataLoader(drop_last=True)
-        # drops a partial batch.
+    # Batch norm cannot normalise one value per channel in training mode (one sample with
+    # a 1x1 map): at such sizes a batch needs 2 samples. A final batch of one is then
+    # dropped, as DataLoader(drop_last=True) drops a partial batch, and a batch that
+    # skips leave with one sample on any rank is not trained on.
+    min_batch = 2 if config.batch_size > 1 and _single_value_batch_norm(model, config.image_size, device) else 1
+    if min_batch == 2 and len(loader.sampler) % config.batch_size == 1 and len(loader.sampler) > 1:
         loader.drop_last = True
-    # Batch norm cannot normalise one sample in training mode (at small sizes the map is
-    # 1x1): a batch that skips leave with one sample on any rank is not trained on.
-    min_batch = 2 if config.batch_size > 1 and any(
-        isinstance(m, nn.modules.batchnorm._BatchNorm) for m in model.modules()) else 1
     val_loader = Loader(val_source, config.batch_size, shuffle=False,
                         transform=eval_transform(config.image_size, resize=config.image_size * 8 // 7),
                         **loader_args) if val_source is not None else None
@@ -487,7 +487,10 @@ def _run(config, device, dist, train_source, val_source, classes, on_epoch, on_s
                 on_epoch(record)
             if not loss_n and batch_no >= per_epoch:
                 outcomes = dict(stats.outcomes) if stats else {}
-                raise NoTrainingData(f"epoch {epoch}: no training sample decoded ({outcomes}); nothing to train on")
+                raise NoTrainingData(
+                    f"epoch {epoch}: no optimiser step was taken: every batch had a rank with fewer than "
+                    f"{min_batch} decoded sample(s) ({int(untrained_sum)} decoded but untrained, all ranks; "
+                    f"this rank's decode outcomes: {outcomes})")
             if config.checkpoint:
                 _save(config, dist, model, optimizer, schedule, loader, step, epoch, batch_no, first_loss)
             epoch, skip = (epoch + 1, 0) if batch_no >= per_epoch else (epoch, batch_no)
@@ -507,6 +510,31 @@ def _run(config, device, dist, train_source, val_source, classes, on_epoch, on_s
             path = path.with_name(f"{path.stem}.rank{dist.rank}{path.suffix or '.json'}")
         trace.write(path)
     return summary
+
+
+def _single_value_batch_norm(model, image_size: int, device) -> bool:
+    """Whether one ``image_size`` sample leaves some batch-norm layer of ``model`` one
+    value per channel (a 1x1 map), which training mode cannot normalise. One forward in
+    evaluation mode, without gradients: running statistics are not touched."""
+    import torch
+    from torch import nn
+
+    layers = [m for m in model.modules() if isinstance(m, nn.modules.batchnorm._BatchNorm)]
+    if not layers:
+        return False
+    single = []
+    hooks = [m.register_forward_pre_hook(lambda m, args: single.append(args[0].numel() == args[0].shape[1]))
+             for m in layers]
+    was_training = model.training
+    try:
+        model.eval()
+        with torch.no_grad():
+            model(torch.zeros(1, 3, image_size, image_size, device=device))
+    finally:
+        for h in hooks:
+            h.remove()
+        model.train(was_training)
+    return any(single)
 
 
 def _no_span(*args, **kwargs):
@@ -582,7 +610,7 @@ def format_epoch(record: dict) -> str:
     loss = "-" if record["loss"] is None else f"{record['loss']:.4f}"
     return (f"epoch {record['epoch']:3d}  steps {record['steps']:4d}  loss {loss}  val top-1 {top1}  "
             f"{record['images_per_s']:7.1f} images/s  host cores {record['host_cores']:.2f}  "
-            f"lr {record['lr']:.4g}")
+            f"lr {record['lr']:.4g}" + (f"  untrained {record['untrained']}" if record.get("untrained") else ""))
 
 
 def summary_json(summary: dict) -> str:

@@ -100,6 +100,27 @@ def test_a_final_batch_of_one_is_dropped(photos):
     assert epochs[0]["steps"] == 17
 
 
+def test_a_batch_of_one_trains_where_batch_norm_has_more_than_one_value(tmp_path):
+    """One of each batch's two samples undecodable: at 64 pixels ResNet-18's smallest map
+    is 2x2, so batch norm normalises one sample and every batch trains; at 32 pixels
+    (a 1x1 map) none can, and the epoch ends in NoTrainingData naming the rule."""
+    from PIL import Image
+
+    from dlbooster.train import NoTrainingData
+
+    for split in ("train", "val"):
+        for cls in ("a", "b"):
+            (tmp_path / split / cls).mkdir(parents=True)
+            Image.new("RGB", (48, 40), (200, 30, 30)).save(tmp_path / split / cls / "good.jpg")
+    for cls in ("a", "b"):
+        (tmp_path / "train" / cls / "zbad.jpg").write_bytes(b"\xff\xd8 not a jpeg")
+    config = replace(BASE, data=str(tmp_path), batch_size=2, epochs=1)
+    summary = train(replace(config, image_size=64))
+    assert summary["steps"] == 2 and summary["images"] == 2 and summary["untrained"] == 0
+    with pytest.raises(NoTrainingData, match="fewer than 2 decoded sample"):
+        train(replace(config, image_size=32))
+
+
 def test_an_epoch_with_nothing_decodable_stops_training(tmp_path):
     """Every training file undecodable (each skipped with its reason): training stops
     after the first epoch instead of looping without a step."""
@@ -120,7 +141,7 @@ def test_an_epoch_with_nothing_decodable_stops_training(tmp_path):
         epochs.append(record)
         assert len(epochs) == 1, "training looped over epochs without a step"
 
-    with pytest.raises(NoTrainingData, match="epoch 0: no training sample decoded"):
+    with pytest.raises(NoTrainingData, match="epoch 0: no optimiser step was taken"):
         train(replace(BASE, data=str(tmp_path), steps=2), on_epoch=on_epoch)
     assert main(["train", str(tmp_path), "--backend", "cpu", "--device", "cpu", "--steps", "2",
                  "--batch-size", "2", "--image-size", "32"]) == 1
