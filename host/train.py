@@ -396,6 +396,10 @@ def _run(config, device, dist, train_source, val_source, classes, on_epoch, on_s
         total = min(total, per_epoch * config.epochs)
     warmup = int(config.warmup_epochs * per_epoch)
     schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: _lr_factor(s, total, warmup))
+    # When the epochs bound the run, the schedule follows the batches (a batch passed over
+    # below still advances it, so that it ends at 0 with the last epoch); when the steps
+    # do, it follows the steps taken.
+    by_batches = config.epochs is not None and per_epoch * config.epochs <= (config.steps or math.inf)
 
     step, epoch, skip, resumed, state = 0, 0, 0, None, None
     first_loss = None
@@ -441,6 +445,8 @@ def _run(config, device, dist, train_source, val_source, classes, on_epoch, on_s
                 if dist.all_min(len(labels)) < min_batch:
                     untrained += len(labels)
                     batch_no += 1
+                    if by_batches:
+                        schedule.step()
                     log.warning("epoch %d batch %d not trained on: a rank has fewer than %d decoded samples "
                                 "(this rank: %d)", epoch, batch_no - 1, min_batch, len(labels))
                     continue

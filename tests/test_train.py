@@ -121,6 +121,29 @@ def test_a_batch_of_one_trains_where_batch_norm_has_more_than_one_value(tmp_path
         train(replace(config, image_size=32))
 
 
+def test_a_batch_passed_over_still_advances_an_epoch_bound_schedule(tmp_path):
+    """Three batches, the first left with one sample at 32 pixels (passed over): two steps
+    are taken, and the cosine schedule over the epoch's three batches still ends at 0."""
+    from PIL import Image
+
+    from dlbooster.sampler import shard_indices
+    from dlbooster.sources import image_folder
+
+    for split, count in (("train", 3), ("val", 1)):
+        for cls in ("a", "b"):
+            (tmp_path / split / cls).mkdir(parents=True)
+            for i in range(count):
+                Image.new("RGB", (48, 40), (200, 30, 30)).save(tmp_path / split / cls / f"{i}.jpg")
+    samples, _, _ = image_folder(tmp_path / "train")
+    first = shard_indices(len(samples), seed=0)[0]
+    Path(samples[first].path).write_bytes(b"\xff\xd8 not a jpeg")
+    epochs = []
+    summary = train(replace(BASE, data=str(tmp_path), batch_size=2, image_size=32, epochs=1),
+                    on_epoch=epochs.append)
+    assert summary["steps"] == 2 and summary["untrained"] == 1
+    assert epochs[0]["lr"] == pytest.approx(0.0, abs=1e-12)
+
+
 def test_an_epoch_with_nothing_decodable_stops_training(tmp_path):
     """Every training file undecodable (each skipped with its reason): training stops
     after the first epoch instead of looping without a step."""
