@@ -258,7 +258,8 @@ def train(config: TrainConfig, *, on_epoch=None, on_step=None) -> dict:
         (per-epoch figures), ``outcomes`` (training decode outcomes by status and
         reason, this rank), ``fallbacks`` (how many of them fell back to the CPU),
         ``untrained`` (decoded training samples of batches no rank stepped on, all
-        ranks: a rank had none, or one with batch norm), ``world_size``,
+        ranks: a rank had none, or one where batch norm would see a 1x1 map),
+        ``world_size``,
         ``model``, ``classes``, ``resumed_from`` (step), ``trace``, and with records
         ``fidelity`` (the scans per training image, None: all) and ``fidelity_choice``
         (the ``"auto"`` search: scores per fidelity).
