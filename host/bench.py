@@ -53,8 +53,18 @@ def _positive_list(text: str) -> str:
     return text
 
 
+def _lanes_list(text: str) -> str:
+    """argparse type: comma-separated device lane counts, each 1..32 (the BUSY and
+    CONFIG register fields), or nothing (kept as the text)."""
+    _positive_list(text)
+    for item in text.split(",") if text else ():
+        if int(item) > 32:
+            raise argparse.ArgumentTypeError(f"{text!r}: a device has 1 to 32 lanes, not {int(item)}")
+    return text
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    from .cli import _count, _positive
+    from .cli import _count, _lanes, _positive, _torch_device
 
     kinds = parser.add_subparsers(dest="kind", required=True)
     for kind, text in (("parse", "header parse + classify, microseconds per file"),
@@ -106,13 +116,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                            help="re-encode every input with Pillow first, e.g. 4:2:0@90 "
                                 "(subsampling 4:4:4, 4:2:2, 4:2:0 or gray)")
         elif kind == "device":
-            p.add_argument("--lanes", default="1", type=_positive_list,
+            p.add_argument("--lanes", default="1", type=_lanes_list,
                            help="comma-separated lane counts of the builds to run")
             p.add_argument("--max-width", type=_positive, default=8192, help="the device's line-buffer width")
         elif kind == "host":
             p.add_argument("--batch-size", type=_positive, default=64)
             p.add_argument("--epochs", type=_positive, default=3, help="timed epochs (after one warm-up)")
-            p.add_argument("--lanes", type=_positive, default=4, help="lanes the instant device reports")
+            p.add_argument("--lanes", type=_lanes, default=4, help="lanes the instant device reports")
             p.add_argument("--cpu-workers", type=_positive, default=1, help="the service's CPU threads")
         elif kind == "loader":
             p.add_argument("--batch-size", type=_positive, default=32)
@@ -121,7 +131,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
             p.add_argument("--size", type=_positive, default=224, help="random-resized-crop size")
             p.add_argument("--workers", type=_positive, default=2,
                            help="torchvision DataLoader workers = dlbooster CPU threads")
-            p.add_argument("--sim-lanes", default="", type=_positive_list,
+            p.add_argument("--sim-lanes", default="", type=_lanes_list,
                            help="comma-separated lane counts for the sim backend (default: none)")
             p.add_argument("--sim-files", type=_positive, default=8, help="files through the sim backend")
             p.add_argument("--sim-max-width", type=_positive, default=512, help="the sim device's line-buffer width")
@@ -130,7 +140,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
             p.add_argument("--batch-size", default="32", type=_positive_list, help="comma-separated batch sizes")
             p.add_argument("--dtype", default="fp32", help="comma-separated: fp32, bf16 (autocast)")
             p.add_argument("--image-size", type=_positive, default=224)
-            p.add_argument("--device", default="cpu")
+            p.add_argument("--device", type=_torch_device, default="cpu", help="cpu, cuda or cuda:N")
             p.add_argument("--iterations", type=_positive, default=1, help="timed iterations per round")
             p.add_argument("--rounds", type=_positive, default=15, help="alternating rounds of each schedule")
             p.add_argument("--warmup", type=_count, default=1, help="untimed iterations first")

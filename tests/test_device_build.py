@@ -100,3 +100,15 @@ def test_verilated_builds_are_cached_by_digest_and_concurrent_builds_share_one(t
     other = build(5)
     assert other.parent != exe.parent and len(builds) == 2
     assert subprocess.run([str(other)], capture_output=True, text=True, check=True).stdout == "50\n"
+
+
+def test_a_device_outside_its_register_fields_is_refused():
+    """BUSY has a bit per lane (32) and CONFIG 8 bits of job FIFO depth: a device beyond
+    them is refused with ValueError, not built with fields that overflow."""
+    from dlbooster.hw.device import Device
+
+    for kwargs, message in (({"lanes": 0}, "1 to 32 lanes, not 0"), ({"lanes": 33}, "1 to 32 lanes, not 33"),
+                            ({"job_depth": 256}, "1 to 255 entries, not 256")):
+        with pytest.raises(ValueError, match=message):
+            Device(**kwargs)
+    assert Device(lanes=32).id_width == 5

@@ -121,6 +121,15 @@ def test_a_batch_of_one_trains_where_batch_norm_has_more_than_one_value(tmp_path
         train(replace(config, image_size=32))
 
 
+def test_a_batch_size_of_one_where_batch_norm_needs_two_is_refused_before_training(photos):
+    """At 32 pixels one sample leaves ResNet-18's last batch norm a 1x1 map: batch size 1
+    can never take a step, so the run is refused up front, naming the rule."""
+    with pytest.raises(ValueError, match="resnet18 at 32 pixels leaves a batch-norm layer one value per channel"):
+        train(replace(BASE, data=photos, batch_size=1, image_size=32, steps=1))
+    summary = train(replace(BASE, data=photos, batch_size=1, image_size=64, steps=1))
+    assert summary["steps"] == 1 and summary["images"] == 1
+
+
 def test_a_batch_passed_over_still_advances_an_epoch_bound_schedule(tmp_path):
     """Three batches, the first left with one sample at 32 pixels (passed over): two steps
     are taken, and the cosine schedule over the epoch's three batches still ends at 0."""
