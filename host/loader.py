@@ -238,8 +238,6 @@ class Loader:
         self._fidelity = value
 
     def _reader(self, index: int):
-        if self.records is None:
-            return None
         rf, i = self._entries[index]
         return functools.partial(rf.image, i, self._fidelity)
 
@@ -290,9 +288,15 @@ class Loader:
                     samples = [self.samples[index] for index in chunk]
                     buf.labels[: len(chunk)] = [sample.label for sample in samples]
                     buf.indices[: len(chunk)] = chunk
-                    done, reader = pending.done, self._reader
-                    self.service.submit_many([Task(index, sample.path, buf, slot, done, reader(index))
-                                              for slot, (index, sample) in enumerate(zip(chunk, samples))])
+                    done = pending.done
+                    if self.records is None:          # files: the service reads each path
+                        tasks = [Task(index, sample.path, buf, slot, done)
+                                 for slot, (index, sample) in enumerate(zip(chunk, samples))]
+                    else:
+                        reader = self._reader
+                        tasks = [Task(index, sample.path, buf, slot, done, reader(index))
+                                 for slot, (index, sample) in enumerate(zip(chunk, samples))]
+                    self.service.submit_many(tasks)
             except BaseException as exc:  # surfaces in the iterating thread
                 failure.append(exc)
                 with cond:

@@ -363,8 +363,9 @@ class _Dispatcher(threading.Thread):
             queued = len(jobs)
             raise
         finally:
-            for (job, *_), entry in zip(jobs[:queued], held):
-                self.inflight[job] = entry
+            inflight = self.inflight
+            for job, entry in zip(jobs[:queued], held):
+                inflight[job[0]] = entry
             self.next_id = (self.next_id + queued) & 0xFFFFFFFF
             self.current = [(task, data) for task, data, *_ in held[queued:]] or None
         for item, (_, _, src, dst, _) in reversed(list(zip(taken[queued:], held[queued:]))):
@@ -385,7 +386,7 @@ class _Dispatcher(threading.Thread):
         lock for the counters, one for the outstanding count), even when a later one
         of the batch faults."""
         finished: list[tuple[Task, Outcome]] = []
-        clocks: collections.Counter = collections.Counter()
+        clocks: dict[tuple[int, int], int] = {}   # a plain dict: Counter.update costs more per call
         try:
             for done in completions:
                 item = self._complete(done, clocks)
@@ -394,22 +395,27 @@ class _Dispatcher(threading.Thread):
         finally:
             service = self.service
             with service._lock:
-                service.stats.lane_clocks.update(clocks)
+                lane_clocks = service.stats.lane_clocks
+                for key, value in clocks.items():
+                    lane_clocks[key] += value
             if finished:
                 service._finish_many(finished)
 
-    def _complete(self, done, clocks: collections.Counter) -> tuple[Task, Outcome] | None:
+    def _complete(self, done, clocks: dict) -> tuple[Task, Outcome] | None:
         """One completion: a declined job goes to the CPU; a decoded one returns its
-        ``(task, outcome)`` for the caller to finish. Adds its clocks to ``clocks``."""
-        entry = self.inflight.pop(done.job_id, None)
+        ``(task, outcome)`` for the caller to finish. Adds its clocks to ``clocks``
+        (keyed by ``(device, lane)``)."""
+        job_id, status, lane, width, height, nbytes, job_clocks, symbols = done   # one unpack, not 8 lookups
+        entry = self.inflight.pop(job_id, None)
         if entry is None:
             return None
         task, data, src, dst, cap = entry
         self.current = [(task, data)]
         self.staging.append(src)
         service = self.service
-        extra = {"cycles": done.clocks, "symbols": done.symbols, "lane": done.lane}
-        clocks[self.number, done.lane] += done.clocks
+        extra = {"cycles": job_clocks, "symbols": symbols, "lane": lane}
+        key = (self.number, lane)
+        clocks[key] = clocks.get(key, 0) + job_clocks
         if service.trace is not None:
             # Host-observed: a lane takes its next job no earlier than its last completion.
             now = time.perf_counter()
@@ -418,13 +424,13 @@ class _Dispatcher(threading.Thread):
             service.trace.complete(os.path.basename(task.path), "decode", start, now,
                                    process=f"decoder device {self.number}", thread=f"lane {done.lane}",
                                    args={"cycles": done.clocks, "status": done.status, "path": task.path})
-        if done.status:
+        if status:
             if dst is not None:
                 self._spare_output(dst)
             self.current = None
-            service._to_cpu(task, data, done.reason, f"device status 0x{done.status:02x}", extra)
+            service._to_cpu(task, data, done.reason, f"device status 0x{status:02x}", extra)
             return None
-        if done.bytes_written != 3 * done.width * done.height or done.bytes_written > cap:
+        if nbytes != 3 * width * height or nbytes > cap:
             # A completion whose figures disagree: its pixels cannot be trusted.
             if dst is not None:
                 self._spare_output(dst)
@@ -432,21 +438,20 @@ class _Dispatcher(threading.Thread):
             service._to_cpu(task, data, "device-fault", f"completion reports {done.width}x{done.height} "
                             f"and {done.bytes_written} bytes written", extra)
             return None
-        buf = task.buffer
-        buf.sizes[task.slot] = (done.height, done.width)
+        task.buffer.sizes[task.slot] = (height, width)
         if isinstance(dst, SpillBuffer):
             # In the batch buffer's spill area the image stays where the device wrote it.
-            dst.sync_from_device(done.bytes_written)
-            service._place(task, dst.array[: done.bytes_written].reshape(done.height, done.width, 3))
+            dst.sync_from_device(nbytes)
+            service._place(task, dst.array[:nbytes].reshape(height, width, 3))
         elif dst is not None:
             try:
-                dst.sync_from_device(done.bytes_written)
-                image = dst.array[: done.bytes_written].reshape(done.height, done.width, 3)
+                dst.sync_from_device(nbytes)
+                image = dst.array[:nbytes].reshape(height, width, 3)
                 service._place(task, image.copy())
             finally:
                 self._spare_output(dst)
         self.current = None
-        return task, Outcome(task.index, task.path, "ok", service.backend_name, extra=extra)
+        return task, Outcome(task.index, task.path, "ok", service.backend_name, None, "", extra)
 
     def _abandon(self, detail: str) -> None:
         """A device fault: reset the device (so it cannot write into buffers about to be
@@ -719,8 +724,9 @@ class DecodeService:
     def _finish_many(self, finished: list[tuple[Task, Outcome]]) -> None:
         """Count the outcomes and call each task's ``done`` exactly once."""
         with self._lock:
+            outcomes = self.stats.outcomes
             for _, outcome in finished:
-                self.stats.outcomes[outcome.status, outcome.reason] += 1
+                outcomes[outcome.status, outcome.reason] += 1
         failure = None
         try:
             for task, outcome in finished:
