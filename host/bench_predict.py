@@ -16,37 +16,10 @@ from __future__ import annotations
 
 import os
 import statistics
-import time
 
-from .predict import build_model, run_ranks
+from .predict import REFERENCE_MODELS, build_model, run_ranks, time_steps
 
 __all__ = ["measure_iteration", "validate"]
-
-
-def _time_steps(net, batch_size: int, image_size: int, iterations: int, warmup: int,
-                device: str = "cpu") -> list[float]:
-    import torch
-    import torch.nn.functional as F
-
-    torch.manual_seed(0)
-    net = net.to(device)
-    x = torch.randn(batch_size, 3, image_size, image_size, device=device)
-    y = torch.randint(0, 1000, (batch_size,), device=device)
-    optimizer = torch.optim.SGD(net.parameters(), lr=0.01, momentum=0.9, weight_decay=1e-4)
-    # On a GPU the clock is read after the queued work finishes.
-    wait = torch.cuda.synchronize if torch.device(device).type == "cuda" else (lambda: None)
-    times = []
-    for step in range(warmup + iterations):
-        wait()
-        start = time.perf_counter()
-        loss = F.cross_entropy(net(x), y)
-        loss.backward()
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
-        wait()
-        if step >= warmup:
-            times.append(time.perf_counter() - start)
-    return times
 
 
 def _worker(rank, procs, port, queue, threads, model, batch_size, image_size, iterations, warmup):
@@ -60,7 +33,7 @@ def _worker(rank, procs, port, queue, threads, model, batch_size, image_size, it
     try:
         torch.manual_seed(0)
         net = DistributedDataParallel(build_model(model))
-        times = _time_steps(net, batch_size, image_size, iterations, warmup)
+        times = time_steps(net, batch_size, image_size, iterations, warmup)
         if rank == 0:
             queue.put(times)
     finally:
@@ -83,7 +56,7 @@ def measure_iteration(model: str, batch_size: int, *, image_size: int = 128, pro
     if procs == 1:
         torch.set_num_threads(threads)
         torch.manual_seed(0)
-        return statistics.median(_time_steps(build_model(model), batch_size, image_size,
+        return statistics.median(time_steps(build_model(model), batch_size, image_size,
                                              iterations, warmup, device))
     if device != "cpu":
         raise ValueError("GPU iterations are measured with one process")
@@ -106,7 +79,10 @@ def validate(models, batch_sizes, *, procs=(1, 2), image_size: int = 128, iterat
     Returns:
         ``{"rows": [{"model", "batch_size", "procs", "measured_s", "rounds_s",
         "predicted_s", "error_pct"}, ...], "mean_error_pct", "worst_error_pct",
-        "profiles": {...}}``.
+        "profiles": {...}, "step_factors": {...}, "reference_models"}``
+        (``reference_models``: validated models that also set the profiles'
+        ``step_factor``, :data:`dlbooster.predict.REFERENCE_MODELS`; their rows are not
+        held out).
 
     Raises:
         FileNotFoundError: a profile is missing (``dlbooster predict calibrate --procs N``).
@@ -137,4 +113,6 @@ def validate(models, batch_sizes, *, procs=(1, 2), image_size: int = 128, iterat
     errors = [r["error_pct"] for r in rows]
     return {"image_size": image_size, "rounds": rounds, "iterations": iterations, "rows": rows,
             "mean_error_pct": statistics.mean(errors), "worst_error_pct": max(errors),
-            "profiles": {p: profiles[p].source for p in procs}, "device": device}
+            "profiles": {p: profiles[p].source for p in procs},
+            "step_factors": {p: profiles[p].step_factor for p in procs},
+            "reference_models": sorted(set(models) & set(REFERENCE_MODELS)), "device": device}

@@ -49,7 +49,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 __all__ = ["HOST_US_PER_IMAGE", "Op", "Profile", "SHIPPED_PROFILES", "Workload", "build_model", "buckets", "calibrate",
-           "load_profile", "op_time", "parse_decoder", "predict", "profile_dir", "run_ranks", "workload"]
+           "load_profile", "op_time", "parse_decoder", "predict", "profile_dir", "REFERENCE_MODELS", "run_ranks",
+           "time_steps", "workload"]
 
 #: Operators that only make views or metadata: no bytes moved.
 _VIEWS = {"view", "_unsafe_view", "t", "detach", "slice", "expand", "as_strided", "transpose",
@@ -340,6 +341,13 @@ class Profile:
             measured by :func:`calibrate` with the profile's threads and processes,
             whose kernel timings exclude it. 0: no such cost (GPU profiles: the CUDA
             caching allocator reuses memory; profiles calibrated before it was measured).
+        step_factor: what a training step costs over its operators priced one by one
+            (module calls, autograd and the optimizer's loop; kernels running beside
+            each other's data in the caches): :func:`calibrate` trains the
+            :data:`REFERENCE_MODELS` for a few iterations and takes the geometric mean
+            of measured over priced step time. Every operator's price is multiplied by
+            it (page faults are not). 1: not measured (shipped profiles, ``quick``
+            calibrations, profiles calibrated before it was).
     """
 
     name: str
@@ -356,6 +364,7 @@ class Profile:
     decode_per_core: float
     host_us_per_image: float
     fault: float = 0.0
+    step_factor: float = 1.0
 
     def save(self, path: str | os.PathLike) -> Path:
         path = Path(path)
@@ -376,18 +385,21 @@ def _cost(spec: dict, op: Op) -> float:
 
 
 def op_time(profile: Profile, op: Op) -> float:
-    """Predicted seconds of one operator on ``profile``: its kernel, plus the page faults
-    of its fresh outputs (``op.fresh * profile.fault``)."""
+    """Predicted seconds of one operator on ``profile``: its kernel times the profile's
+    ``step_factor``, plus the page faults of its fresh outputs (``op.fresh *
+    profile.fault``)."""
+    return _kernel_time(profile, op) * profile.step_factor + op.fresh * profile.fault
+
+
+def _kernel_time(profile: Profile, op: Op) -> float:
     if op.kind == "view":
         return profile.view
     if op.kind in ("conv", "dgrad", "wgrad"):
         spec = profile.conv.get(f"{op.kind}:{op.conv_class}") or profile.conv[f"{op.kind}:k3"]
-        t = _cost(spec, op)
-    elif op.kind == "gemm":
-        t = _cost(profile.gemm, op)
-    else:
-        t = _memory_time(profile.memory.get(op.name) or profile.memory["*"], op.bytes)
-    return t + op.fresh * profile.fault
+        return _cost(spec, op)
+    if op.kind == "gemm":
+        return _cost(profile.gemm, op)
+    return _memory_time(profile.memory.get(op.name) or profile.memory["*"], op.bytes)
 
 
 def _memory_time(spec: list, nbytes: float) -> float:
@@ -409,6 +421,73 @@ def _memory_time(spec: list, nbytes: float) -> float:
 
 
 # --------------------------------------------------------------------------- calibration
+
+#: Models whose measured training steps set a calibrated profile's ``step_factor``: none
+#: of ``dlbooster predict validate``'s default models, and of two kinds (inverted
+#: residual blocks with depthwise convolutions; plain residual blocks), with the
+#: (batch size, image side) they are trained at: the middle of the validation's range.
+REFERENCE_MODELS = {"mnasnet0_5": (16, 128), "resnet34": (16, 128)}
+
+
+def time_steps(net, batch_size: int, image_size: int, iterations: int, warmup: int,
+               device: str = "cpu") -> list[float]:
+    """Seconds of each of ``iterations`` training steps of ``net`` after ``warmup`` untimed
+    ones: forward, cross-entropy, backward and an SGD step (momentum 0.9, weight decay
+    1e-4, as :func:`workload` records) on a fixed random batch; on a GPU the clock is read
+    after the queued work finishes."""
+    import torch
+    import torch.nn.functional as F
+
+    torch.manual_seed(0)
+    net = net.to(device)
+    x = torch.randn(batch_size, 3, image_size, image_size, device=device)
+    y = torch.randint(0, 1000, (batch_size,), device=device)
+    optimizer = torch.optim.SGD(net.parameters(), lr=0.01, momentum=0.9, weight_decay=1e-4)
+    wait = torch.cuda.synchronize if torch.device(device).type == "cuda" else (lambda: None)
+    times = []
+    for step in range(warmup + iterations):
+        wait()
+        start = time.perf_counter()
+        loss = F.cross_entropy(net(x), y)
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        wait()
+        if step >= warmup:
+            times.append(time.perf_counter() - start)
+    return times
+
+
+def _reference_steps(device: str, sync) -> dict:
+    """``{model: [batch size, image side, median step seconds]}`` of the reference models,
+    trained in this process (``sync`` lines the ranks up first, so that they train at
+    the same time as data-parallel ranks do)."""
+    import statistics
+
+    import torch
+
+    steps = {}
+    for name, (batch, side) in REFERENCE_MODELS.items():
+        torch.manual_seed(0)
+        net = build_model(name)
+        sync()
+        steps[name] = [batch, side, statistics.median(time_steps(net, batch, side, 5, 2, device=device))]
+        del net
+    return steps
+
+
+def _step_factor(profile: Profile, steps: dict) -> float:
+    """Geometric mean over the reference models of their measured step over the sum of
+    their operators' prices on ``profile`` (factor 1, no page faults: the calibration
+    trains them with freed memory kept); 1 without ``steps``."""
+    if not steps:
+        return 1.0
+    logs = []
+    for name, (batch, side, seconds) in steps.items():
+        work = workload(name, int(batch), image_size=int(side), foreach=profile.kind == "gpu")
+        logs.append(math.log(seconds / sum(_kernel_time(profile, op) for op in work.ops)))
+    return math.exp(sum(logs) / len(logs))
+
 
 def _timed(fn, *, min_seconds: float = 0.01, reps: int = 3, wait=None) -> float:
     """Median seconds of ``fn()`` after one warm-up call, over ``reps`` samples of at
@@ -607,8 +686,9 @@ def _calibrate_kernels(threads: int, *, seed: int = 0, per_class: int = 32, quic
     (:data:`_WORKING_SET`). Where the C library cannot be told to keep freed memory,
     the kernels' own timings include the faults of their outputs above
     :data:`FRESH_LIMIT`, and the fault cost is 0 so that they are not charged twice.
-    Returns ``{"conv", "gemm", "memory", "view", "fault"}`` as
-    :class:`Profile` holds them."""
+    Last (not ``quick``), the :data:`REFERENCE_MODELS`' training steps.
+    Returns ``{"conv", "gemm", "memory", "view", "fault"}`` as :class:`Profile` holds
+    them, and ``"steps"`` (:func:`_reference_steps`; empty when ``quick``)."""
     import torch
 
     torch.set_num_threads(threads)
@@ -621,7 +701,10 @@ def _calibrate_kernels(threads: int, *, seed: int = 0, per_class: int = 32, quic
         if not _keep_freed_memory():
             fault = 0.0
     with dev:   # every tensor the kernels use is made on the device
-        return {**_time_kernels(seed, per_class, quick, sync, wait), "fault": fault}
+        kernels = _time_kernels(seed, per_class, quick, sync, wait)
+    # A quick profile's kernels are priced from too few, too small shapes to scale a
+    # whole step by: it keeps factor 1.
+    return {**kernels, "fault": fault, "steps": {} if quick else _reference_steps(device, sync)}
 
 
 def _time_kernels(seed: int, per_class: int, quick: bool, sync, wait) -> dict:
@@ -851,18 +934,21 @@ def calibrate(*, procs: int = 1, threads: int | None = None, quick: bool = False
         result = run_ranks(_calibrate_alone, 1, threads, quick, "cuda")
         source = (f"measured by `dlbooster predict calibrate --device cuda` on {platform.node()}, "
                   f"{torch.cuda.get_device_name()}, {when}")
-        return Profile(name=name or "cuda", kind="gpu", source=source, threads=threads, procs=1,
-                       conv=result["conv"], gemm=result["gemm"], memory=result["memory"],
-                       view=result["view"], allreduce=result["allreduce"], overlap=1.0,
-                       decode_per_core=_decode_per_core(), host_us_per_image=HOST_US_PER_IMAGE)
-    result = run_ranks(_calibrate_alone if procs == 1 else _calibrate_worker, procs, threads, quick)
-    source = (f"measured by `dlbooster predict calibrate` on {platform.node()} ({platform.machine()}, "
-              f"{cores} cores), {procs} process(es) x {threads} thread(s), {when}")
-    return Profile(name=name or f"cpu-p{procs}", kind="cpu", source=source, threads=threads, procs=procs,
-                   conv=result["conv"], gemm=result["gemm"], memory=result["memory"], view=result["view"],
-                   allreduce=result["allreduce"], overlap=0.0,
-                   decode_per_core=_decode_per_core(), host_us_per_image=HOST_US_PER_IMAGE,
-                   fault=result["fault"])
+        profile = Profile(name=name or "cuda", kind="gpu", source=source, threads=threads, procs=1,
+                          conv=result["conv"], gemm=result["gemm"], memory=result["memory"],
+                          view=result["view"], allreduce=result["allreduce"], overlap=1.0,
+                          decode_per_core=_decode_per_core(), host_us_per_image=HOST_US_PER_IMAGE)
+    else:
+        result = run_ranks(_calibrate_alone if procs == 1 else _calibrate_worker, procs, threads, quick)
+        source = (f"measured by `dlbooster predict calibrate` on {platform.node()} ({platform.machine()}, "
+                  f"{cores} cores), {procs} process(es) x {threads} thread(s), {when}")
+        profile = Profile(name=name or f"cpu-p{procs}", kind="cpu", source=source, threads=threads, procs=procs,
+                          conv=result["conv"], gemm=result["gemm"], memory=result["memory"], view=result["view"],
+                          allreduce=result["allreduce"], overlap=0.0,
+                          decode_per_core=_decode_per_core(), host_us_per_image=HOST_US_PER_IMAGE,
+                          fault=result["fault"])
+    profile.step_factor = _step_factor(profile, result["steps"])
+    return profile
 
 
 # --------------------------------------------------------------------------- shipped profiles

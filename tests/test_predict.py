@@ -274,6 +274,36 @@ def test_page_faults_are_charged_per_fresh_byte():
     assert Profile(**{k: v for k, v in cpu.__dict__.items() if k != "fault"}).fault == 0
 
 
+def test_step_factor_scales_every_operator_but_not_the_page_faults():
+    work = _work()
+    work.ops[0].fresh = 2e9
+    plain = predict(work, _profile(kind="cpu", fault=2.5e-10))
+    scaled = predict(work, _profile(kind="cpu", fault=2.5e-10, step_factor=1.2))
+    assert plain["iteration_s"] == pytest.approx(4.5 + 0.5)
+    assert scaled["iteration_s"] == pytest.approx(1.2 * 4.5 + 0.5)
+    assert scaled["breakdown"]["optimizer"] == pytest.approx(1.2 * 0.5)
+    # Profiles saved before the factor was measured scale nothing.
+    assert Profile(**{k: v for k, v in _profile().__dict__.items() if k != "step_factor"}).step_factor == 1
+
+
+def test_step_factor_is_the_geometric_mean_of_measured_over_priced_steps():
+    """Against the real recorded reference models: a model measured at twice its priced
+    step and one at half give 1; both at 1.3x give 1.3."""
+    from dlbooster.predict import REFERENCE_MODELS, _kernel_time, _step_factor
+
+    profile = _profile(kind="cpu", fault=1e-9, conv={f"{k}:{c}": {"roof": [1e-6, 1e10, 1e11]}
+                                                     for k in ("conv", "dgrad", "wgrad")
+                                                     for c in ("k1", "k3", "kn", "dw", "group")})
+    a, b = REFERENCE_MODELS
+    priced = {m: sum(_kernel_time(profile, op) for op in workload(m, 2, image_size=64).ops) for m in (a, b)}
+    assert all(t > 0 for t in priced.values())
+    assert _step_factor(profile, {a: [2, 64, 2 * priced[a]], b: [2, 64, priced[b] / 2]}) == pytest.approx(1.0)
+    assert _step_factor(profile, {a: [2, 64, 1.3 * priced[a]], b: [2, 64, 1.3 * priced[b]]}) == pytest.approx(1.3)
+    assert _step_factor(profile, {}) == 1.0
+    assert {a, b}.isdisjoint({"resnet18", "resnet50", "mobilenet_v2", "vgg11", "densenet121", "squeezenet1_1",
+                              "googlenet", "shufflenet_v2_x1_0"})    # held out from the validation's defaults
+
+
 def test_calibration_allocator_keeps_freed_memory():
     """The calibration's allocator setting removes the page faults of re-allocating a
     large block (measured in a process of its own: the setting lasts for the process)."""
