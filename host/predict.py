@@ -458,10 +458,12 @@ def time_steps(net, batch_size: int, image_size: int, iterations: int, warmup: i
     return times
 
 
-def _reference_steps(device: str, sync) -> dict:
+def _reference_steps(device: str, sync, parallel: bool = False) -> dict:
     """``{model: [batch size, image side, median step seconds]}`` of the reference models,
-    trained in this process (``sync`` lines the ranks up first, so that they train at
-    the same time as data-parallel ranks do)."""
+    trained in this process (``sync`` lines the ranks up first). ``parallel``: this is
+    one of several ranks of a process group, and the model is wrapped in
+    ``DistributedDataParallel``, whose gradient all-reduce keeps the ranks in step, so
+    that their kernels meet in the caches and memory as data-parallel training's do."""
     import statistics
 
     import torch
@@ -470,6 +472,10 @@ def _reference_steps(device: str, sync) -> dict:
     for name, (batch, side) in REFERENCE_MODELS.items():
         torch.manual_seed(0)
         net = build_model(name)
+        if parallel:
+            from torch.nn.parallel import DistributedDataParallel
+
+            net = DistributedDataParallel(net)
         sync()
         steps[name] = [batch, side, statistics.median(time_steps(net, batch, side, 5, 2, device=device))]
         del net
@@ -479,13 +485,19 @@ def _reference_steps(device: str, sync) -> dict:
 def _step_factor(profile: Profile, steps: dict) -> float:
     """Geometric mean over the reference models of their measured step over the sum of
     their operators' prices on ``profile`` (factor 1, no page faults: the calibration
-    trains them with freed memory kept); 1 without ``steps``."""
+    trains them with freed memory kept), the modelled all-reduce time taken off the
+    measured step first for a profile of several processes; 1 without ``steps``."""
     if not steps:
         return 1.0
+    from dataclasses import replace
+
+    plain = replace(profile, step_factor=1.0, fault=0.0)
     logs = []
     for name, (batch, side, seconds) in steps.items():
         work = workload(name, int(batch), image_size=int(side), foreach=profile.kind == "gpu")
-        logs.append(math.log(seconds / sum(_kernel_time(profile, op) for op in work.ops)))
+        priced = sum(_kernel_time(plain, op) for op in work.ops)
+        comm = predict(work, plain, gpus=profile.procs)["iteration_s"] - priced if profile.procs > 1 else 0.0
+        logs.append(math.log(max(seconds - comm, 1e-3 * priced) / priced))
     return math.exp(sum(logs) / len(logs))
 
 
@@ -704,7 +716,8 @@ def _calibrate_kernels(threads: int, *, seed: int = 0, per_class: int = 32, quic
         kernels = _time_kernels(seed, per_class, quick, sync, wait)
     # A quick profile's kernels are priced from too few, too small shapes to scale a
     # whole step by: it keeps factor 1.
-    return {**kernels, "fault": fault, "steps": {} if quick else _reference_steps(device, sync)}
+    return {**kernels, "fault": fault,
+            "steps": {} if quick else _reference_steps(device, sync, parallel=barrier is not None)}
 
 
 def _time_kernels(seed: int, per_class: int, quick: bool, sync, wait) -> dict:

@@ -300,6 +300,11 @@ def test_step_factor_is_the_geometric_mean_of_measured_over_priced_steps():
     assert _step_factor(profile, {a: [2, 64, 2 * priced[a]], b: [2, 64, priced[b] / 2]}) == pytest.approx(1.0)
     assert _step_factor(profile, {a: [2, 64, 1.3 * priced[a]], b: [2, 64, 1.3 * priced[b]]}) == pytest.approx(1.3)
     assert _step_factor(profile, {}) == 1.0
+    # Several processes: the modelled all-reduce comes off the measured step first.
+    pair = _profile(**{**profile.__dict__, "procs": 2})
+    comm = {m: predict(workload(m, 2, image_size=64), pair, gpus=2)["iteration_s"] - priced[m] for m in (a, b)}
+    assert min(comm.values()) > 0
+    assert _step_factor(pair, {m: [2, 64, 1.3 * priced[m] + comm[m]] for m in (a, b)}) == pytest.approx(1.3)
     assert {a, b}.isdisjoint({"resnet18", "resnet50", "mobilenet_v2", "vgg11", "densenet121", "squeezenet1_1",
                               "googlenet", "shufflenet_v2_x1_0"})    # held out from the validation's defaults
 
