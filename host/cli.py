@@ -28,6 +28,7 @@ import argparse
 import json
 import logging
 import os
+import re
 import sys
 from collections import Counter
 from pathlib import Path
@@ -73,8 +74,7 @@ def _percent(text: str) -> int:
 def _torch_device(text: str) -> str:
     """argparse type: a PyTorch device this command runs on: ``cpu``, ``cuda`` or
     ``cuda:N``."""
-    kind, _, index = text.partition(":")
-    if kind == "cpu" and not index or kind == "cuda" and (not index or index.isdigit()):
+    if re.fullmatch(r"cpu|cuda(:(0|[1-9][0-9]*))?", text):
         return text
     raise argparse.ArgumentTypeError(f"give cpu, cuda or cuda:N, not {text!r}")
 
@@ -820,7 +820,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--streams", type=_positive, default=2, help="side CUDA streams for --backward split")
     p.add_argument("--device", type=_torch_device, help="cpu, cuda or cuda:N (default: cuda when present)")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--workers", type=_positive, help="CPU decode threads per rank")
+    p.add_argument("--workers", type=_positive, help="CPU decode threads per rank (default: one per core)")
     p.add_argument("--trace", metavar="FILE", help="write a Chrome-trace JSON (Perfetto)")
     p.add_argument("--checkpoint", metavar="FILE", help="save after every epoch")
     p.add_argument("--checkpoint-every", type=_count, default=0, metavar="STEPS", help="also save every STEPS steps")

@@ -22,7 +22,11 @@ per-layer work, a device profile and the network, with the limiting stage named.
   is a fresh mapping of the C library's (glibc's mmap threshold), page-faulted in as it
   is written: that cost is measured apart (the kernels are timed with freed memory
   kept) and charged per byte of such outputs, which is what makes large batches and
-  VGG's classifier gradients slower than their kernels.
+  VGG's classifier gradients slower than their kernels. Calibration ends by training
+  :data:`REFERENCE_MODELS` (models no validation uses by default) for a few steps: their
+  measured step over their operators' summed prices is the profile's ``step_factor``,
+  by which every operator's price is multiplied (the framework's work per operator and
+  kernels slowed by their neighbours' data, which kernels timed alone miss).
 - Communication: gradients in DistributedDataParallel's buckets (in the order they
   become ready, as DDP rebuilds them after its first iteration; 1 MiB first bucket,
   25 MiB after), each all-reduced by a ring as soon as its last gradient is ready:
@@ -848,7 +852,9 @@ def run_ranks(target, procs: int, *args, timeout: float = 3600.0):
 
 def _calibrate_worker(rank: int, procs: int, port: int, queue, threads: int, quick: bool) -> None:
     """One of ``procs`` processes timing kernels at the same time (so memory bandwidth and
-    caches are shared as in data-parallel training), then the all-reduce between them."""
+    caches are shared as in data-parallel training), training the reference models as
+    ``DistributedDataParallel`` ranks (:func:`_reference_steps`), then the all-reduce
+    between them."""
     import torch
     import torch.distributed as dist
 
@@ -926,7 +932,9 @@ def calibrate(*, procs: int = 1, threads: int | None = None, quick: bool = False
             CUDA caching allocator reuses memory).
 
     Returns:
-        The :class:`Profile` (``source`` names the machine and date, and the GPU).
+        The :class:`Profile` (``source`` names the machine and date, and the GPU), with
+        its ``step_factor`` from the :data:`REFERENCE_MODELS`' training steps (1 when
+        ``quick``).
 
     Raises:
         ValueError: ``procs > 1`` on a GPU; RuntimeError: no CUDA device.

@@ -419,11 +419,11 @@ class _Dispatcher(threading.Thread):
         if service.trace is not None:
             # Host-observed: a lane takes its next job no earlier than its last completion.
             now = time.perf_counter()
-            start = max(self.started.pop(done.job_id, now), self.lane_free.get(done.lane, 0.0))
-            self.lane_free[done.lane] = now
+            start = max(self.started.pop(job_id, now), self.lane_free.get(lane, 0.0))
+            self.lane_free[lane] = now
             service.trace.complete(os.path.basename(task.path), "decode", start, now,
-                                   process=f"decoder device {self.number}", thread=f"lane {done.lane}",
-                                   args={"cycles": done.clocks, "status": done.status, "path": task.path})
+                                   process=f"decoder device {self.number}", thread=f"lane {lane}",
+                                   args={"cycles": job_clocks, "status": status, "path": task.path})
         if status:
             if dst is not None:
                 self._spare_output(dst)
@@ -435,8 +435,8 @@ class _Dispatcher(threading.Thread):
             if dst is not None:
                 self._spare_output(dst)
             self.current = None
-            service._to_cpu(task, data, "device-fault", f"completion reports {done.width}x{done.height} "
-                            f"and {done.bytes_written} bytes written", extra)
+            service._to_cpu(task, data, "device-fault", f"completion reports {width}x{height} "
+                            f"and {nbytes} bytes written", extra)
             return None
         task.buffer.sizes[task.slot] = (height, width)
         if isinstance(dst, SpillBuffer):

@@ -50,16 +50,19 @@ class Device(wiring.Component):
             (``dlbooster synth``).
 
     Raises:
-        ValueError: ``lanes`` outside 1..32 or ``job_depth`` outside 1..255.
+        ValueError: ``lanes`` outside 1..32, or ``job_depth`` or ``done_depth`` outside
+            1..255.
     """
 
     def __init__(self, lanes: int = 1, max_width: int = 8192, data_width: int = 128, job_depth: int = 16,
                  done_depth: int = 16, watchdog: int = 1 << 24, idct_lanes: int = 2):
-        # The BUSY register has a bit per lane; CONFIG holds the job FIFO's depth in 8 bits.
+        # The BUSY register has a bit per lane; CONFIG holds each FIFO's depth in 8 bits.
         if not 1 <= lanes <= 32:
             raise ValueError(f"a device has 1 to 32 lanes, not {lanes}")
         if not 1 <= job_depth <= 255:
             raise ValueError(f"the job FIFO holds 1 to 255 entries, not {job_depth}")
+        if not 1 <= done_depth <= 255:
+            raise ValueError(f"the completion FIFO holds 1 to 255 entries, not {done_depth}")
         self.lanes, self.max_width, self.data_width = lanes, max_width, data_width
         self.job_depth, self.done_depth, self.watchdog, self.idct_lanes = job_depth, done_depth, watchdog, idct_lanes
         self.id_width = max(1, (lanes - 1).bit_length())

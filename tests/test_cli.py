@@ -198,20 +198,37 @@ def test_bad_usage_exits_2(tmp_path):
                  ["build", "--verilog", str(tmp_path / "no-such-folder" / "x.v")],
                  ["bench", "host", "--epochs", "0"], ["bench", "loader", "--batch-size", "0"],
                  ["bench", "loader", "--sim-lanes", "1,,2"], ["bench", "device", "--lanes", "1,0"],
-                 ["bench", "parse", "--limit", "-1"], ["bench", "records", "--rounds", "0"],
-                 # Lanes beyond the registers' 32, devices PyTorch cannot name, counts below 1.
-                 ["bench", "device", "--lanes", "64"], ["bench", "loader", "--sim-lanes", "1,33"],
-                 ["bench", "host", "--lanes", "33"], ["decode", "--backend", "sim", "--lanes", "33", "x.jpg"],
-                 ["build", "--verilog", str(tmp_path / "x.v"), "--lanes", "40"],
-                 ["bench", "backward", "--device", "tpu"], ["train", "--device", "tpu"],
-                 ["train", "--device", "cuda:x"], ["train", "--epochs", "0"], ["train", "--steps", "-1"],
-                 ["train", "--workers", "0"], ["records", "write", "src", "out", "--workers", "0"],
-                 ["records", "write", "src", "out", "--images-per-record", "0"],
-                 ["debug-lane", "x.jpg", "--ready", "0"], ["debug-lane", "x.jpg", "--valid", "101"],
-                 ["predict", "calibrate", "--procs", "0"], ["predict", "validate", "--rounds", "0"]):
+                 ["bench", "parse", "--limit", "-1"], ["bench", "records", "--rounds", "0"]):
         done = subprocess.run([sys.executable, "-m", "dlbooster.cli", *argv], capture_output=True, text=True)
         assert done.returncode == 2, argv
         assert "Traceback" not in done.stderr, argv
+
+
+def test_out_of_range_options_are_refused_when_parsed(tmp_path):
+    """Lanes beyond the registers' 32, devices PyTorch cannot name, counts below 1: each
+    is refused by argparse, naming the option, before any work starts (a traceback,
+    an assertion in the gateware, or a run with nonsense settings before)."""
+    src = tmp_path / "src"
+    src.mkdir()
+    for flag, argv in (("--lanes", ["bench", "device", "--lanes", "64"]),
+                       ("--sim-lanes", ["bench", "loader", "--sim-lanes", "1,33"]),
+                       ("--lanes", ["bench", "host", "--lanes", "33"]),
+                       ("--lanes", ["decode", "--backend", "sim", "--lanes", "33", "x.jpg"]),
+                       ("--lanes", ["build", "--verilog", str(tmp_path / "x.v"), "--lanes", "40"]),
+                       ("--device", ["bench", "backward", "--device", "tpu"]),
+                       ("--device", ["train", "--device", "tpu"]), ("--device", ["train", "--device", "cuda:x"]),
+                       ("--epochs", ["train", "--epochs", "0"]), ("--steps", ["train", "--steps", "-1"]),
+                       ("--workers", ["train", "--workers", "0"]), ("--streams", ["train", "--streams", "0"]),
+                       ("--workers", ["records", "write", str(src), str(tmp_path / "out"), "--workers", "0"]),
+                       ("--images-per-record", ["records", "write", str(src), str(tmp_path / "out"),
+                                                "--images-per-record", "0"]),
+                       ("--ready", ["debug-lane", "x.jpg", "--ready", "0"]),
+                       ("--valid", ["debug-lane", "x.jpg", "--valid", "101"]),
+                       ("--procs", ["predict", "calibrate", "--procs", "0"]),
+                       ("--rounds", ["predict", "validate", "--rounds", "0"])):
+        done = subprocess.run([sys.executable, "-m", "dlbooster.cli", *argv], capture_output=True, text=True)
+        assert done.returncode == 2, argv
+        assert f"error: argument {flag}" in done.stderr, (argv, done.stderr)
 
 
 def test_board_backends_that_cannot_open_give_one_line(folder):

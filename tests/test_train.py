@@ -76,8 +76,12 @@ def test_train_summary(photos, tmp_path):
 def test_bad_settings_are_usage_errors(photos, capsys):
     from dlbooster.cli import main
 
-    assert main(["train", photos, "--backend", "cpu", "--epochs", "0"]) == 2
-    assert "epochs must be at least 1" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as parsed:         # refused by the argument parser
+        main(["train", photos, "--backend", "cpu", "--epochs", "0"])
+    assert parsed.value.code == 2
+    assert "argument --epochs: must be at least 1, not 0" in capsys.readouterr().err
+    with pytest.raises(ValueError, match="epochs must be at least 1, not 0"):   # and by train() itself
+        train(replace(BASE, data=photos, epochs=0))
     assert main(["train", photos, "--backend", "cpu", "--steps", "1", "--model", "nosuchnet"]) == 2
     assert main(["train", photos + "/missing", "--backend", "cpu", "--steps", "1"]) == 2
 
@@ -128,6 +132,15 @@ def test_a_batch_size_of_one_where_batch_norm_needs_two_is_refused_before_traini
         train(replace(BASE, data=photos, batch_size=1, image_size=32, steps=1))
     summary = train(replace(BASE, data=photos, batch_size=1, image_size=64, steps=1))
     assert summary["steps"] == 1 and summary["images"] == 1
+
+
+def test_a_cuda_device_that_pytorch_cannot_find_is_refused(photos):
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("this machine has a CUDA device")
+    with pytest.raises(ValueError, match="device cuda: PyTorch finds no CUDA device here"):
+        train(replace(BASE, data=photos, device="cuda", steps=1))
 
 
 def test_a_batch_passed_over_still_advances_an_epoch_bound_schedule(tmp_path):
