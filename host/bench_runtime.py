@@ -38,11 +38,14 @@ def _image_folder(files: list[tuple[str, bytes]], root: Path) -> Path:
     return root
 
 
-def bench_host(files: list[tuple[str, bytes]], *, batch_size: int = 64, epochs: int = 3,
-               lanes: int = 4, cpu_workers: int = 1) -> dict:
-    """Host CPU microseconds per image of the runtime driving an instant device."""
-    import numpy as np
+def host_loader(files: list[tuple[str, bytes]], *, batch_size: int = 64, lanes: int = 4, cpu_workers: int = 1):
+    """The host-cost set-up: an instant device that has learned each decodable file's
+    output (Pillow's pixels, through the CPU backend), and a shuffled ``Loader`` over
+    those files driving it (CPU batches, ``len`` as the transform, 1-megapixel slots).
 
+    Returns:
+        ``(loader, transport)``; the caller closes the loader.
+    """
     from .backends import CpuBackend
     from .errors import DecodeError
     from .instant import InstantBackend, InstantTransport
@@ -59,6 +62,15 @@ def bench_host(files: list[tuple[str, bytes]], *, batch_size: int = 64, epochs: 
         learned.append((path, len(learned)))
     loader = Loader(learned, batch_size, backend=InstantBackend(transport), shuffle=True,
                     device="cpu", transform=len, cpu_workers=cpu_workers, slot_pixels=1024 * 1024)
+    return loader, transport
+
+
+def bench_host(files: list[tuple[str, bytes]], *, batch_size: int = 64, epochs: int = 3,
+               lanes: int = 4, cpu_workers: int = 1) -> dict:
+    """Host CPU microseconds per image of the runtime driving an instant device."""
+    import numpy as np
+
+    loader, transport = host_loader(files, batch_size=batch_size, lanes=lanes, cpu_workers=cpu_workers)
     rows = []
     try:
         for epoch in range(epochs + 1):       # epoch 0 warms up (page cache, first-use costs)
@@ -86,7 +98,7 @@ def bench_host(files: list[tuple[str, bytes]], *, batch_size: int = 64, epochs: 
     parse = _time_prescreen(files)
     host_us = float(np.median([r["host_us_per_image"] for r in rows]))
     with_reads = float(np.median([r["with_reads_us_per_image"] for r in rows]))
-    return {"kind": "host", "files": len(files), "images": len(learned), "batch_size": batch_size,
+    return {"kind": "host", "files": len(files), "images": len(loader.samples), "batch_size": batch_size,
             "lanes": lanes, "cpu_workers": cpu_workers, "epochs": rows, "outcomes": outcomes,
             "host_us_per_image": host_us, "with_reads_us_per_image": with_reads,
             "prescreen_us_per_image": parse,

@@ -32,22 +32,10 @@ from pathlib import Path
 
 def child(epochs: int, marks: Path) -> None:
     """Under valgrind: warm up, mark, run the epochs, mark, wait to be switched off."""
-    from dlbooster.backends import CpuBackend
     from dlbooster.bench import _inputs
-    from dlbooster.errors import DecodeError
-    from dlbooster.instant import InstantBackend, InstantTransport
-    from dlbooster.loader import Loader
+    from dlbooster.bench_runtime import host_loader
 
-    files = _inputs(argparse.Namespace(paths=[], limit=0))     # as `dlbooster bench host` reads them
-    transport, cpu, learned = InstantTransport(lanes=4), CpuBackend(), []
-    for path, data in files:
-        try:
-            transport.learn(data, cpu.decode(data))
-        except DecodeError:
-            continue
-        learned.append((path, len(learned)))
-    loader = Loader(learned, 64, backend=InstantBackend(transport), shuffle=True, device="cpu",
-                    transform=len, cpu_workers=1, slot_pixels=1024 * 1024)
+    loader, _ = host_loader(_inputs(argparse.Namespace(paths=[], limit=0)))   # as `dlbooster bench host` does
     loader.set_epoch(0)
     sum(len(batch[1]) for batch in loader)
     (marks / "warm").write_text(str(os.getpid()))
