@@ -54,12 +54,13 @@ def _positive_list(text: str) -> str:
 
 
 def _lanes_list(text: str) -> str:
-    """argparse type: comma-separated device lane counts, each 1..32 (the BUSY and
-    CONFIG register fields), or nothing (kept as the text)."""
+    """argparse type: comma-separated device lane counts, each as ``--lanes`` takes one
+    (1..32), or nothing (kept as the text)."""
+    from .cli import _lanes
+
     _positive_list(text)
     for item in text.split(",") if text else ():
-        if int(item) > 32:
-            raise argparse.ArgumentTypeError(f"{text!r}: a device has 1 to 32 lanes, not {int(item)}")
+        _lanes(item)
     return text
 
 

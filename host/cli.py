@@ -36,8 +36,8 @@ from pathlib import Path
 __all__ = ["main"]
 
 
-def _integer_at_least(minimum: int):
-    """An argparse type: an integer of at least ``minimum``."""
+def _integer_in(minimum: int, maximum: int | None = None):
+    """An argparse type: an integer of at least ``minimum`` (and at most ``maximum``)."""
     def parse(text: str) -> int:
         try:
             value = int(text)
@@ -45,30 +45,18 @@ def _integer_at_least(minimum: int):
             raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
         if value < minimum:
             raise argparse.ArgumentTypeError(f"must be at least {minimum}, not {value}")
+        if maximum is not None and value > maximum:
+            raise argparse.ArgumentTypeError(f"must be at most {maximum}, not {value}")
         return value
     return parse
 
 
-#: argparse types: counts, sizes, lanes, widths (at least 1); limits and optional parts (0: none).
-_positive = _integer_at_least(1)
-_count = _integer_at_least(0)
-
-
-def _lanes(text: str) -> int:
-    """argparse type: a device's lane count, 1..32 (the BUSY and CONFIG register
-    fields, docs/device.md)."""
-    value = _positive(text)
-    if value > 32:
-        raise argparse.ArgumentTypeError(f"a device has 1 to 32 lanes, not {value}")
-    return value
-
-
-def _percent(text: str) -> int:
-    """argparse type: a percentage of clocks, 1..100."""
-    value = _positive(text)
-    if value > 100:
-        raise argparse.ArgumentTypeError(f"a percentage is at most 100, not {value}")
-    return value
+#: argparse types: counts, sizes, widths (at least 1); limits and optional parts (0: none);
+#: a device's lanes (1..32: BUSY has a bit per lane, docs/device.md); percentages of clocks.
+_positive = _integer_in(1)
+_count = _integer_in(0)
+_lanes = _integer_in(1, 32)
+_percent = _integer_in(1, 100)
 
 
 def _torch_device(text: str) -> str:
