@@ -180,7 +180,7 @@ class DecoderDevice:
             ValueError: a length does not fit 32 bits (nothing is queued).
         """
         for job_id, _, in_len, _, out_cap in jobs:
-            if not (0 <= in_len < 1 << 32 and 0 <= out_cap < 1 << 32):
+            if in_len >> 32 or out_cap >> 32 or in_len < 0 or out_cap < 0:
                 raise ValueError(f"job {job_id}: lengths must fit the 32-bit registers ({in_len}, {out_cap})")
         if self._free_slots < len(jobs):
             self.free_slots()                 # one read: the cached count only falls
@@ -202,7 +202,7 @@ class DecoderDevice:
                         staged[i] = value
             write(_JOB_PUSH, 1)
         self._free_slots -= len(queued)
-        self.in_flight.update(job[0] for job in queued)
+        self.in_flight.update([job[0] for job in queued])
         return len(queued)
 
     def poll(self) -> list[Completion]:

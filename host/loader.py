@@ -464,9 +464,11 @@ class Loader:
             special = {**buf.oversize, **replacements}
             views = [torch.from_numpy(np.require(special[slot], np.uint8, ["C", "W"])).to(device).permute(2, 0, 1)
                      if slot in special else view(slot, *sizes_hw[slot]) for slot in keep]
-        sizes = torch.from_numpy(buf.sizes[keep].copy())
-        indices = torch.from_numpy(buf.indices[keep].copy())
-        labels = torch.from_numpy(buf.labels[keep].copy()).to(device, non_blocking=True)
+        # Every slot kept (keep is in slot order): a slice; indexing by the list converts each entry.
+        rows = slice(0, pending.count) if len(keep) == pending.count else keep
+        sizes = torch.from_numpy(buf.sizes[rows].copy())
+        indices = torch.from_numpy(buf.indices[rows].copy())
+        labels = torch.from_numpy(buf.labels[rows].copy()).to(device, non_blocking=True)
         if not views:
             empty = getattr(self.transform, "empty", None)
             images = empty(device) if empty is not None else torch.empty((0, 3, 0, 0), dtype=torch.uint8,

@@ -947,6 +947,33 @@ def test_instant_faults_mid_batch_lose_nothing_and_reset_before_freeing(tmp_path
     pool.close()
 
 
+def test_a_fault_while_completing_a_decoded_job_loses_no_image(tmp_path):
+    """A fault in the middle of the common completion path (here: recording an image's
+    size raises once) takes the device out of service; the image being completed and
+    every job still held are decoded on the CPU (reason ``device-fault``), the images
+    completed before it stay ``ok``, and each task gets exactly one outcome."""
+    paths, t, service, pool = _instant_service(tmp_path, 6, 16, 16 * 16)
+
+    class Sizes(np.ndarray):
+        faults = []
+
+        def __setitem__(self, key, value):
+            if key == 2 and not Sizes.faults:
+                Sizes.faults.append(key)
+                raise MemoryError("no room for a tuple")
+            super().__setitem__(key, value)
+
+    (buf,) = pool.buffers
+    buf.sizes = buf.sizes.view(Sizes)
+    outcomes = _run_once_each(paths, service, pool)
+    assert Sizes.faults == [2]
+    assert outcomes[2] == ("fallback", "device-fault")
+    assert outcomes[0] == outcomes[1] == ("ok", None)
+    assert set(outcomes.values()) == {("ok", None), ("fallback", "device-fault")}
+    service.close()
+    pool.close()
+
+
 def test_instant_completion_with_inconsistent_figures_goes_to_the_cpu(tmp_path):
     """A completion whose size and byte count disagree (a device fault) is not trusted:
     the image is decoded on the CPU, reason ``device-fault``."""
