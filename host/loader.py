@@ -13,6 +13,7 @@ runs the optional device-side transform (:mod:`dlbooster.transforms`).
 from __future__ import annotations
 
 import functools
+import itertools
 import logging
 import math
 import numbers
@@ -116,19 +117,18 @@ class _Pending:
     def __init__(self, number: int, buffer, count: int, on_ready: Callable):
         self.number, self.buffer, self.count = number, buffer, count
         self.outcomes: list[Outcome | None] = [None] * count
-        self.left = count
         self.all_ok = True                    # no outcome but ``ok`` so far (the assembly's fast path)
-        self.lock = threading.Lock()
+        # Outcomes so far, counted without a lock: next() of an itertools.count is one
+        # step under the GIL, so exactly one done() call draws count - 1, and it does so
+        # after every other call has stored its outcome.
+        self._arrived = itertools.count()
         self.on_ready = on_ready
 
     def done(self, task: Task, outcome: Outcome) -> None:
         self.outcomes[task.slot] = outcome
-        with self.lock:
-            if outcome.status != "ok":
-                self.all_ok = False
-            self.left -= 1
-            ready = self.left == 0
-        if ready:
+        if outcome.status != "ok":
+            self.all_ok = False               # only ever cleared: no lock needed
+        if next(self._arrived) == self.count - 1:
             self.on_ready(self)
 
 
@@ -206,6 +206,9 @@ class Loader:
             raise ValueError(f"{os.fspath(source)}: a folder of record sets (train/, val/); give one of them")
         else:
             self.samples = as_samples(source)
+        # Per sample, for the producer: a batch takes its paths by index and its labels in one step.
+        self._paths = [sample.path for sample in self.samples]
+        self._labels = np.array([sample.label for sample in self.samples], np.int64)
         self.fidelity = fidelity
         self.batch_size, self.drop_last = batch_size, drop_last
         self.sampler = ShardSampler(len(self.samples), seed=seed, shuffle=shuffle, drop_last=drop_last,
@@ -275,6 +278,8 @@ class Loader:
                 ready[pending.number] = pending
                 cond.notify_all()
 
+        paths, labels = self._paths, self._labels
+
         def produce() -> None:
             try:
                 for number, chunk in enumerate(chunks):
@@ -283,19 +288,18 @@ class Loader:
                         if not stop.is_set():         # the pool closed under us
                             raise RuntimeError("the loader was closed during the epoch")
                         return
-                    buf.count = len(chunk)
-                    pending = _Pending(number, buf, len(chunk), on_ready)
-                    samples = [self.samples[index] for index in chunk]
-                    buf.labels[: len(chunk)] = [sample.label for sample in samples]
-                    buf.indices[: len(chunk)] = chunk
+                    n = buf.count = len(chunk)
+                    pending = _Pending(number, buf, n, on_ready)
+                    rows = np.array(chunk, np.int64)  # one conversion of the list, for both arrays
+                    buf.indices[:n] = rows
+                    buf.labels[:n] = labels[rows]
                     done = pending.done
                     if self.records is None:          # files: the service reads each path
-                        tasks = [Task(index, sample.path, buf, slot, done)
-                                 for slot, (index, sample) in enumerate(zip(chunk, samples))]
+                        tasks = [Task(index, paths[index], buf, slot, done) for slot, index in enumerate(chunk)]
                     else:
                         reader = self._reader
-                        tasks = [Task(index, sample.path, buf, slot, done, reader(index))
-                                 for slot, (index, sample) in enumerate(zip(chunk, samples))]
+                        tasks = [Task(index, paths[index], buf, slot, done, reader(index))
+                                 for slot, index in enumerate(chunk)]
                     self.service.submit_many(tasks)
             except BaseException as exc:  # surfaces in the iterating thread
                 failure.append(exc)
@@ -458,7 +462,12 @@ class Loader:
             def view(slot, h, w):
                 return as_strided(staged, (3, h, w), (1, 3 * w, 3), row0 + slot * row_stride)
         sizes_hw = buf.sizes.tolist()
-        if not replacements and not buf.oversize:
+        if staged is None and not replacements and not buf.oversize and len(keep) == pending.count:
+            # The common case, without a call per image.
+            uint8 = np.uint8
+            views = [from_numpy(ndarray((3, h, w), uint8, data, slot * step, (1, 3 * w, 3)))
+                     for slot, (h, w) in enumerate(sizes_hw[:pending.count])]
+        elif not replacements and not buf.oversize:
             views = [view(slot, h, w) for slot, (h, w) in zip(keep, map(sizes_hw.__getitem__, keep))]
         else:
             special = {**buf.oversize, **replacements}

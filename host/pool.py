@@ -39,6 +39,9 @@ class BatchBuffer:
             None when torch is not in use.
         device_address: device address of ``data[0, 0]`` (transport memory), else None.
         sizes: (batch_size, 2) int64 array of (height, width) per filled slot.
+        size_words: ``sizes`` as a flat memoryview of int64: ``size_words[2 * slot]`` is
+            the height, ``[2 * slot + 1]`` the width (a store through it costs a tenth
+            of a numpy row assignment; the dispatcher makes one per image).
         labels: (batch_size,) int64 array.
         indices: (batch_size,) int64 array of dataset indices.
         oversize: slot -> (h, w, 3) uint8 array, for images larger than a slot.
@@ -67,6 +70,7 @@ class BatchBuffer:
     def __post_init__(self):
         n, self.slot_bytes = self.data.shape     # plain attributes: read for every image
         self.sizes = np.zeros((n, 2), np.int64)
+        self.size_words = memoryview(self.sizes).cast("B").cast("q")
         self.labels = np.zeros(n, np.int64)
         self.indices = np.zeros(n, np.int64)
 

@@ -143,7 +143,7 @@ class _Dispatcher(threading.Thread):
         self.stopping = False
         self.pending: collections.deque = collections.deque()   # tasks taken, not yet read
         self.backlog: collections.deque = collections.deque()   # read, not yet accepted (items)
-        self.current: list | None = None      # (task, data) pairs being submitted or completed
+        self.current: list | None = None      # (task, data, ...) of the jobs being submitted or completed
         self.reading = None                   # the staging buffer the input being read went into
         self._into = self._read_into_staging
         self.started: dict[int, float] = {}   # job id -> submission time (when tracing)
@@ -238,7 +238,7 @@ class _Dispatcher(threading.Thread):
             log.error("device %d out of service: %s", self.number, detail)
             self._abandon(detail)
             if self.current is not None:          # the jobs in hand when the fault struck
-                for task, data in self.current:
+                for task, data, *_ in self.current:
                     self.service._to_cpu(task, data, "device-fault", detail)
                 self.current = None
             for task, data, *_ in self.backlog:
@@ -316,12 +316,13 @@ class _Dispatcher(threading.Thread):
         their staging buffers and go back to the backlog). An item whose output buffer
         finds no room in the device's memory goes to the CPU (reason ``device-memory``)."""
         service, device = self.service, self.device
-        self.current = [item[:2] for item in items]   # the fault path's: not yet in flight
+        self.current = items                  # the fault path's: not yet in flight (task, data, ...)
         jobs, held, taken = [], [], []          # per job: its entry, its item
+        max_width, next_id = device.max_width, self.next_id
         try:
             for item in items:
                 task, data, width, height, src = item
-                need = 3 * width * height if width <= device.max_width else 0
+                need = 3 * width * height if width <= max_width else 0
                 buf = task.buffer
                 base, cap = buf.device_address, buf.slot_bytes
                 dst = None
@@ -333,7 +334,7 @@ class _Dispatcher(threading.Thread):
                         # Larger than a slot, or the slot is not device memory.
                         dst = self._output(task, need)
                 except MemoryError as exc:
-                    self.current = [pair for pair in self.current if pair[0] is not task]
+                    self.current = [entry for entry in self.current if entry[0] is not task]
                     service._to_cpu(task, data, "device-memory", f"no room in the device's memory: {exc}")
                     if src is not None:
                         self.staging.append(src)      # after _to_cpu copied a view of it
@@ -344,9 +345,9 @@ class _Dispatcher(threading.Thread):
                     out_addr, cap = dst.device_address, need
                 held.append((task, data, src, dst, cap))
                 taken.append(item)
-                src.sync_to_device(len(data))
-                job = (self.next_id + len(jobs)) & 0xFFFFFFFF
-                jobs.append((job, src.device_address, len(data), out_addr, cap))
+                size = len(data)
+                src.sync_to_device(size)
+                jobs.append(((next_id + len(jobs)) & 0xFFFFFFFF, src.device_address, size, out_addr, cap))
         except BaseException:
             # Nothing is queued yet: the buffers go back (spill rooms in reverse, so all
             # of them), the fault path sends the items (self.current) to the CPU.
@@ -366,8 +367,8 @@ class _Dispatcher(threading.Thread):
             inflight = self.inflight
             for job, entry in zip(jobs[:queued], held):
                 inflight[job[0]] = entry
-            self.next_id = (self.next_id + queued) & 0xFFFFFFFF
-            self.current = [(task, data) for task, data, *_ in held[queued:]] or None
+            self.next_id = (next_id + queued) & 0xFFFFFFFF
+            self.current = held[queued:] or None   # (task, data, ...) as items
         for item, (_, _, src, dst, _) in reversed(list(zip(taken[queued:], held[queued:]))):
             if item[4] is None:               # staged from bytes here: the item keeps its bytes
                 self.staging.append(src)
@@ -410,13 +411,15 @@ class _Dispatcher(threading.Thread):
                 staging.append(src)
                 key = (number, lane)
                 clocks[key] = clocks.get(key, 0) + job_clocks
-                task.buffer.sizes[task.slot] = (height, width)
+                words, row = task.buffer.size_words, 2 * task.slot
+                words[row] = height
+                words[row + 1] = width
                 finished.append((task, Outcome(task.index, task.path, "ok", name, None, "",
                                                {"cycles": job_clocks, "symbols": symbols, "lane": lane})))
                 entry = None
         except BaseException:
             if entry is not None and self.current is None:   # the fault path sends it to the CPU
-                self.current = [entry[:2]]
+                self.current = [entry]
             raise
         finally:
             with service._lock:
@@ -424,7 +427,7 @@ class _Dispatcher(threading.Thread):
                 for key, value in clocks.items():
                     lane_clocks[key] += value
             if finished:
-                service._finish_many(finished)
+                service._finish_many(finished, all_ok=True)   # a declined job went to the CPU instead
 
     def _complete(self, done, entry: tuple, clocks: dict) -> tuple[Task, Outcome] | None:
         """One completion and its in-flight ``entry``: a declined job goes to the CPU; a
@@ -743,12 +746,16 @@ class DecodeService:
     def _finish(self, task: Task, outcome: Outcome) -> None:
         self._finish_many([(task, outcome)])
 
-    def _finish_many(self, finished: list[tuple[Task, Outcome]]) -> None:
-        """Count the outcomes and call each task's ``done`` exactly once."""
+    def _finish_many(self, finished: list[tuple[Task, Outcome]], all_ok: bool = False) -> None:
+        """Count the outcomes and call each task's ``done`` exactly once (``all_ok``: the
+        caller knows every outcome is ``ok``, counted in one step)."""
         with self._lock:
             outcomes = self.stats.outcomes
-            for _, outcome in finished:
-                outcomes[outcome.status, outcome.reason] += 1
+            if all_ok:
+                outcomes["ok", None] += len(finished)
+            else:
+                for _, outcome in finished:
+                    outcomes[outcome.status, outcome.reason] += 1
         failure = None
         try:
             for task, outcome in finished:

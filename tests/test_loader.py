@@ -953,20 +953,19 @@ def test_a_fault_while_completing_a_decoded_job_loses_no_image(tmp_path):
     every job still held are decoded on the CPU (reason ``device-fault``), the images
     completed before it stay ``ok``, and each task gets exactly one outcome."""
     paths, t, service, pool = _instant_service(tmp_path, 6, 16, 16 * 16)
-
-    class Sizes(np.ndarray):
-        faults = []
-
-        def __setitem__(self, key, value):
-            if key == 2 and not Sizes.faults:
-                Sizes.faults.append(key)
-                raise MemoryError("no room for a tuple")
-            super().__setitem__(key, value)
-
     (buf,) = pool.buffers
-    buf.sizes = buf.sizes.view(Sizes)
+    words, faults = buf.size_words, []
+
+    class Words:
+        def __setitem__(self, index, value):
+            if index == 2 * 2 and not faults:
+                faults.append(index)
+                raise MemoryError("no room")
+            words[index] = value
+
+    buf.size_words = Words()
     outcomes = _run_once_each(paths, service, pool)
-    assert Sizes.faults == [2]
+    assert faults == [4]
     assert outcomes[2] == ("fallback", "device-fault")
     assert outcomes[0] == outcomes[1] == ("ok", None)
     assert set(outcomes.values()) == {("ok", None), ("fallback", "device-fault")}
