@@ -390,7 +390,7 @@ class _Dispatcher(threading.Thread):
         The common completion (decoded into its batch slot, figures consistent, no
         trace) is handled inline; every other goes through :meth:`_complete`."""
         finished: list[tuple[Task, Outcome]] = []
-        clocks: dict[tuple[int, int], int] = {}   # a plain dict: Counter.update costs more per call
+        clocks: dict[int, int] = {}           # lane -> clocks; a plain dict: Counter.update costs more per call
         service = self.service
         inflight, staging, number, name = self.inflight, self.staging, self.number, service.backend_name
         plain = service.trace is None
@@ -409,8 +409,7 @@ class _Dispatcher(threading.Thread):
                     entry = None
                     continue
                 staging.append(src)
-                key = (number, lane)
-                clocks[key] = clocks.get(key, 0) + job_clocks
+                clocks[lane] = clocks.get(lane, 0) + job_clocks
                 words, row = task.buffer.size_words, 2 * task.slot
                 words[row] = height
                 words[row + 1] = width
@@ -424,23 +423,22 @@ class _Dispatcher(threading.Thread):
         finally:
             with service._lock:
                 lane_clocks = service.stats.lane_clocks
-                for key, value in clocks.items():
-                    lane_clocks[key] += value
+                for lane, value in clocks.items():
+                    lane_clocks[number, lane] += value
             if finished:
                 service._finish_many(finished, all_ok=True)   # a declined job went to the CPU instead
 
     def _complete(self, done, entry: tuple, clocks: dict) -> tuple[Task, Outcome] | None:
         """One completion and its in-flight ``entry``: a declined job goes to the CPU; a
         decoded one returns its ``(task, outcome)`` for the caller to finish. Adds its
-        clocks to ``clocks`` (keyed by ``(device, lane)``)."""
+        clocks to ``clocks`` (keyed by lane)."""
         job_id, status, lane, width, height, nbytes, job_clocks, symbols = done
         task, data, src, dst, cap = entry
         self.current = [(task, data)]
         self.staging.append(src)
         service = self.service
         extra = {"cycles": job_clocks, "symbols": symbols, "lane": lane}
-        key = (self.number, lane)
-        clocks[key] = clocks.get(key, 0) + job_clocks
+        clocks[lane] = clocks.get(lane, 0) + job_clocks
         if service.trace is not None:
             # Host-observed: a lane takes its next job no earlier than its last completion.
             now = time.perf_counter()
