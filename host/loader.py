@@ -118,9 +118,10 @@ class _Pending:
         self.number, self.buffer, self.count = number, buffer, count
         self.outcomes: list[Outcome | None] = [None] * count
         self.all_ok = True                    # no outcome but ``ok`` so far (the assembly's fast path)
-        # Outcomes so far, counted without a lock: next() of an itertools.count is one
-        # step under the GIL, so exactly one done() call draws count - 1, and it does so
-        # after every other call has stored its outcome.
+        # Outcomes so far, counted without a lock: next() of an itertools.count is atomic
+        # (one step under the GIL; an atomic compare-and-swap in free-threaded builds,
+        # CPython gh-117657), so exactly one done() call draws count - 1, after every
+        # other call has stored its outcome.
         self._arrived = itertools.count()
         self.on_ready = on_ready
 

@@ -403,10 +403,12 @@ class _Dispatcher(threading.Thread):
                     continue
                 task, _, src, dst, cap = entry
                 if status or dst is not None or not plain or nbytes != 3 * width * height or nbytes > cap:
-                    item = self._complete(done, entry, clocks)
+                    # _complete keeps self.current itself: once it has handed the task to
+                    # the CPU, a fault there must not send it a second time.
+                    held, entry = entry, None
+                    item = self._complete(done, held, clocks)
                     if item is not None:
                         finished.append(item)
-                    entry = None
                     continue
                 staging.append(src)
                 clocks[lane] = clocks.get(lane, 0) + job_clocks

@@ -973,6 +973,33 @@ def test_a_fault_while_completing_a_decoded_job_loses_no_image(tmp_path):
     pool.close()
 
 
+def test_a_fault_after_a_declined_job_went_to_the_cpu_does_not_send_it_twice(tmp_path):
+    """The CPU pool may raise after it has queued a declined job's fallback (its submit
+    queues the work, then fails to start a worker thread): that job still gets exactly
+    one outcome, and the device's other jobs go to the CPU once each."""
+    import threading
+
+    from dlbooster.instant import _key
+
+    paths, t, service, pool = _instant_service(tmp_path, 4, 16, 16 * 16)
+    del t.outputs[_key(Path(paths[3]).read_bytes())]   # never learned: the device declines it
+    adjust, fired = service._cpu_pool._adjust_thread_count, []
+
+    def adjust_then_fail():
+        adjust()
+        if threading.current_thread().name.startswith("dlbooster-device") and not fired:
+            fired.append(True)
+            raise RuntimeError("can't start new thread")
+
+    service._cpu_pool._adjust_thread_count = adjust_then_fail
+    outcomes = _run_once_each(paths, service, pool)      # asserts one done() per task
+    assert fired
+    assert outcomes[3] == ("fallback", "bad-job")
+    assert service.stats.outcomes["fallback", "device-fault"] + service.stats.outcomes["ok", None] == 3
+    service.close()
+    pool.close()
+
+
 def test_instant_completion_with_inconsistent_figures_goes_to_the_cpu(tmp_path):
     """A completion whose size and byte count disagree (a device fault) is not trusted:
     the image is decoded on the CPU, reason ``device-fault``."""
