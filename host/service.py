@@ -419,7 +419,7 @@ class _Dispatcher(threading.Thread):
                                                {"cycles": job_clocks, "symbols": symbols, "lane": lane})))
                 entry = None
         except BaseException:
-            if entry is not None and self.current is None:   # the fault path sends it to the CPU
+            if entry is not None:             # struck in the inline path: the fault path sends it to the CPU
                 self.current = [entry]
             raise
         finally:
