@@ -110,7 +110,7 @@ class ServiceStats:
             (files, or the bytes a ``Task.read`` returns): the storage side of the
             host's work, reported apart by the host-cost benchmark (issue 7). A
             dispatcher adds its reads with each group of completions and when it goes
-            idle (a lock per read cost the host about 2,300 instructions per image).
+            idle (a lock per read cost the host about 1,600 instructions per image).
     """
 
     outcomes: collections.Counter = field(default_factory=collections.Counter)
@@ -430,9 +430,8 @@ class _Dispatcher(threading.Thread):
                 self.current = [entry]
             raise
         finally:
+            self._add_reads()
             with service._lock:
-                service.stats.read_seconds += self.read_seconds
-                self.read_seconds = 0.0
                 lane_clocks = service.stats.lane_clocks
                 for lane, value in clocks.items():
                     lane_clocks[number, lane] += value
@@ -648,15 +647,15 @@ class DecodeService:
             raise DecodeError("undecodable", "empty file", task.path)
         return data, st
 
-    def _screen(self, task: Task, into: Callable[[int], Any] | None = None, dispatcher: _Dispatcher | None = None):
+    def _screen(self, task: Task, into: Callable[[int], Any] | None, dispatcher: _Dispatcher):
         """On a dispatcher: read and pre-screen one input. Returns ``(task, data, width,
         height)`` for the device, or None when the task went to the CPU or ended.
 
         The pre-screen's verdict is kept per file (keyed by size and modification time),
         so later epochs skip the header parse. ``into`` as for
         :func:`~dlbooster.backends.read_file` (files only): ``data`` may then be a view
-        of the caller's buffer. ``dispatcher``: the dispatcher reading, which counts
-        its read time itself (see :attr:`ServiceStats.read_seconds`).
+        of the caller's buffer. ``dispatcher``: the one reading, which counts its read
+        time itself (see :attr:`ServiceStats.read_seconds`).
         """
         try:
             data, st = self._read(task, into, dispatcher)

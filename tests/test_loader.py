@@ -1000,6 +1000,22 @@ def test_a_fault_after_a_declined_job_went_to_the_cpu_does_not_send_it_twice(tmp
     pool.close()
 
 
+def test_reads_of_inputs_that_never_reach_the_device_are_counted(tmp_path, monkeypatch):
+    """A dispatcher adds its read time to the service's stats with its completions and
+    when it stops: inputs the pre-screen sends to the CPU (no completion follows) are
+    counted too."""
+    from dlbooster import jpeg
+
+    paths, t, service, pool = _instant_service(tmp_path, 3, 16, 16 * 16)
+    monkeypatch.setattr(jpeg, "host_prescreen", lambda info, max_width: "junk")   # every input declined
+    outcomes = _run_once_each(paths, service, pool)
+    assert set(outcomes.values()) == {("fallback", "junk")}
+    assert service.stats.jobs == 0
+    service.close()
+    assert service.stats.read_seconds > 0
+    pool.close()
+
+
 def test_instant_completion_with_inconsistent_figures_goes_to_the_cpu(tmp_path):
     """A completion whose size and byte count disagree (a device fault) is not trusted:
     the image is decoded on the CPU, reason ``device-fault``."""
