@@ -559,7 +559,7 @@ class DecodeService:
         self._dispatchers = [_Dispatcher(self, n, d, device_queue) for n, d in enumerate(devices)]
         for d in self._dispatchers:
             d.start()
-        self._screens: dict[str, tuple] = {}   # path -> ((size, mtime), reason, width, height)
+        self._screens: dict[str, tuple] = {}   # path -> (file identity, reason, width, height)
         self._closed = False
         #: a :class:`dlbooster.trace.Trace` for device jobs (per lane) and CPU decodes, or None
         self.trace = None
@@ -651,15 +651,18 @@ class DecodeService:
         """On a dispatcher: read and pre-screen one input. Returns ``(task, data, width,
         height)`` for the device, or None when the task went to the CPU or ended.
 
-        The pre-screen's verdict is kept per file (keyed by size and modification time),
-        so later epochs skip the header parse. ``into`` as for
+        The pre-screen's verdict is kept per file, so later epochs skip the header parse.
+        It is keyed by the file's identity: device, inode, size, and modification and
+        status-change times. The status-change time matters because ``cp -p``,
+        ``rsync -t`` or ``tar`` can give new contents the old size and modification time,
+        and a stale verdict would send a file Pillow refuses to the device. ``into`` as for
         :func:`~dlbooster.backends.read_file` (files only): ``data`` may then be a view
         of the caller's buffer. ``dispatcher``: the one reading, which counts its read
         time itself (see :attr:`ServiceStats.read_seconds`).
         """
         try:
             data, st = self._read(task, into, dispatcher)
-            key = (st.st_size, st.st_mtime_ns) if st is not None else None
+            key = (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns) if st is not None else None
             cached = self._screens.get(task.path) if key is not None else None
             if cached is None or cached[0] != key:
                 # The device checks the entropy-coded data itself: headers suffice here.

@@ -9,7 +9,9 @@ The ``sim`` tests drive the 4-lane, 256-pixel build that tests/test_device_sim.p
 
 from __future__ import annotations
 
+import io
 import math
+import os
 import resource
 import shutil
 import struct
@@ -559,6 +561,34 @@ def test_sim_loader_equals_pillow_and_cpu(sim, sim_source):
     for s, c in zip(sim_batches, cpu_batches, strict=True):
         assert torch.equal(s.indices, c.indices) and torch.equal(s.sizes, c.sizes)
         assert torch.equal(s.labels, c.labels) and torch.equal(s.images, c.images)
+
+
+@needs_verilator
+def test_a_file_replaced_with_its_old_size_and_mtime_is_screened_again(sim, tmp_path):
+    """New contents given the old size and modification time (``cp -p``, ``rsync -t``):
+    the pre-screen's cached verdict must not send them to the device. Here the new file's
+    JFIF APP0 is cut short, which the device's header parser skips but Pillow refuses.
+    Without the status-change time in the cache key, epoch 1 delivered it as ``ok``."""
+    good = gen(37, 53, subsampling=0, quality=90)
+    assert good[2:4] == b"\xff\xe0"
+    rest = good[4 + struct.unpack(">H", good[4:6])[0]:]
+    pad = len(good) - len(rest) - 15
+    bad = good[:2] + b"\xff\xe0\x00\x07JFIF\x00" + b"\xff\xfe" + struct.pack(">H", pad + 2) + b"x" * pad + rest
+    assert len(bad) == len(good)
+    assert pillow_file(io.BytesIO(bad))[1] is not None and pillow_file(io.BytesIO(good))[1] is None
+    path = write(tmp_path / "c" / "img.jpg", good)
+    st = path.stat()
+    with _sim_loader([(str(path), 0)], sim, on_error="skip") as loader:
+        drain(loader)
+        assert loader.report.delivered == 1 and not loader.report.skipped
+        path.write_bytes(bad)
+        os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns))
+        assert (path.stat().st_size, path.stat().st_mtime_ns) == (st.st_size, st.st_mtime_ns)
+        loader.set_epoch(1)
+        batches = drain(loader)
+        assert [len(b.indices) for b in batches] == [0]
+        (skipped,) = loader.report.skipped
+        assert (skipped.status, skipped.reason, skipped.path) == ("error", "undecodable", str(path))
 
 
 @needs_verilator
