@@ -156,7 +156,10 @@ class Loader:
         device: where batches go (``"cpu"``, ``"cuda"``, a ``torch.device``).
         transform: a callable on a list of (3, h, w) uint8 device tensors returning a
             batch tensor (e.g. :func:`dlbooster.transforms.train_transform`); None yields
-            uint8 padded batches. Its ``set_epoch`` is called by :meth:`set_epoch`.
+            uint8 padded batches (:func:`dlbooster.transforms.pad_batch`: a batch whose
+            padding would not fit in the memory available raises MemoryError from the
+            iteration, naming its tallest and widest inputs; images of very different
+            shapes want a transform). Its ``set_epoch`` is called by :meth:`set_epoch`.
         on_error: per-sample policy for inputs nothing can decode: ``raise``
             (:class:`~dlbooster.errors.DecodeError` naming the input), ``skip`` (left out
             of the batch, logged and counted; a batch whose every sample is skipped is
@@ -488,7 +491,16 @@ class Loader:
         else:
             from .transforms import pad_batch
 
-            images = pad_batch(views)[0]
+            try:
+                images = pad_batch(views)[0]
+            except MemoryError as exc:
+                # Name the inputs that set the padded size; the iteration ends here.
+                order = range(len(views))     # views[i] is slot keep[i]
+                tallest, widest = (self._paths[int(buf.indices[keep[max(order, key=lambda i: views[i].shape[d])]])]
+                                   for d in (1, 2))
+                raise MemoryError(f"batch {pending.number}: {exc}; the tallest image is {tallest}, the widest "
+                                  f"{widest}: give the Loader a transform (a crop or resize) or a smaller "
+                                  f"batch") from exc
         return Batch(images, labels, indices, sizes, unusual)
 
     def stats(self) -> LoaderStats | None:

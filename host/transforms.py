@@ -382,6 +382,19 @@ def eval_transform(size: int = 224, resize: int = 256, **kw) -> DeviceTransform:
     return DeviceTransform(CenterCrop(size, resize, **crop_kw), **kw)
 
 
+def _available_memory() -> int | None:
+    """Bytes of memory the system can give without swapping (``MemAvailable`` of
+    ``/proc/meminfo``), or None where that file or line is absent."""
+    try:
+        with open("/proc/meminfo", "rb") as f:
+            for line in f:
+                if line.startswith(b"MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
+
+
 def pad_batch(images: Sequence[Tensor]) -> tuple[Tensor, Tensor]:
     """Stack differently sized images into one zero-padded uint8 batch.
 
@@ -391,10 +404,20 @@ def pad_batch(images: Sequence[Tensor]) -> tuple[Tensor, Tensor]:
     image i in ``batch[i, :, :h_i, :w_i]`` and zeros below and to the right; sizes is an
     (N, 2) int64 CPU tensor of (h_i, w_i). Raises ValueError for an empty list or
     (naming the index) an image of the wrong dtype, shape or device, TypeError for a
-    non-tensor.
+    non-tensor, and MemoryError, before allocating anything, for a CPU batch larger than
+    the memory the system has available (``MemAvailable`` of ``/proc/meminfo``; not
+    checked where that is absent). Small images of very different shapes, such as
+    65500x1 and 1x65500, pad to gigabytes, and zero-filling such a batch would wake the
+    kernel's OOM killer instead of failing.
     """
     sizes = _check_images(images)
     height, width = sizes.max(dim=0).values.tolist()
+    need = len(images) * height * width * 3
+    if images[0].device.type == "cpu":
+        available = _available_memory()
+        if available is not None and need > available:
+            raise MemoryError(f"padding {len(images)} images to {height}x{width} needs {need / 2**30:.1f} GiB, "
+                              f"more than the {available / 2**30:.1f} GiB available")
     # Filled as (N, H, W, 3): decoders give HWC rows, so each copy is row-contiguous
     # (a CHW-ordered copy would scatter every byte); returned as an NCHW view in
     # channels_last memory format, the layout convolutions prefer anyway.

@@ -12,6 +12,7 @@ from __future__ import annotations
 import io
 import math
 import os
+import re
 import resource
 import shutil
 import struct
@@ -338,6 +339,25 @@ def test_an_empty_batch_has_the_transforms_shape_and_goes_through_a_model(tmp_pa
     net = torchvision.models.resnet18(num_classes=2).eval()
     with torch.no_grad():
         assert tuple(net(batch.images).shape) == (0, 2)
+
+
+def test_padding_beyond_the_memory_available_raises_naming_the_inputs(tmp_path, monkeypatch):
+    """Two valid, small JPEGs, 20000x1 and 1x20000, pad to a 2.2 GiB batch without a
+    transform: the iteration raises MemoryError naming both, before allocating (the
+    available memory is replaced by 64 MiB). One image per batch, the same files load."""
+    import dlbooster.transforms as transforms
+
+    wide = write(tmp_path / "a" / "wide.jpg", make_jpeg(20000, 1))
+    tall = write(tmp_path / "a" / "tall.jpg", make_jpeg(1, 20000))
+    monkeypatch.setattr(transforms, "_available_memory", lambda: 64 << 20)
+    with make_loader([(str(wide), 0), (str(tall), 1)], 2, backend="cpu") as loader:
+        with pytest.raises(MemoryError, match=r"batch 0: padding 2 images to 20000x20000 needs 2\.2 GiB.*"
+                                              f"the tallest image is {re.escape(str(tall))}, "
+                                              f"the widest {re.escape(str(wide))}"):
+            drain(loader)
+    monkeypatch.undo()
+    with make_loader([(str(wide), 0), (str(tall), 1)], 1, backend="cpu") as single:
+        assert [tuple(b.images.shape) for b in drain(single)] == [(1, 3, 1, 20000), (1, 3, 20000, 1)]
 
 
 def test_policy_raise_names_the_path(bad_dir):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import os
 
 import pytest
 import torch
@@ -350,6 +351,33 @@ def test_pad_batch_shapes_and_zeros():
         assert torch.equal(batch[i, :, :h, :w], images[i])
         assert (batch[i, :, h:, :] == 0).all() and (batch[i, :, :, w:] == 0).all()
     assert (batch != 0).sum() == sum(3 * h * w for h, w in sizes)
+
+
+def test_pad_batch_refuses_padding_beyond_the_memory_available_before_allocating(monkeypatch):
+    """65500x1 and 1x65500 images (small, valid) pad to 24 GiB: a MemoryError with the
+    figures, before any allocation, instead of zero-filling pages until the OOM killer
+    comes. The limit is the system's available memory, replaced here by 1 GiB."""
+    import dlbooster.transforms as transforms
+
+    monkeypatch.setattr(transforms, "_available_memory", lambda: 1 << 30)
+    images = [torch.ones(3, 65500, 1, dtype=torch.uint8), torch.ones(3, 1, 65500, dtype=torch.uint8)]
+    allocations = []
+    monkeypatch.setattr(torch.Tensor, "new_zeros", lambda *a, **k: allocations.append(a))
+    with pytest.raises(MemoryError, match=r"padding 2 images to 65500x65500 needs 24\.0 GiB, more than the 1\.0 GiB"):
+        pad_batch(images)
+    assert allocations == []
+    monkeypatch.undo()
+    monkeypatch.setattr(transforms, "_available_memory", lambda: 2 * 3 * 9 * 7)   # exactly enough
+    assert pad_batch(images_of([(5, 7), (9, 3)], seed=3))[0].shape == (2, 3, 9, 7)
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/meminfo"), reason="no /proc/meminfo")
+def test_available_memory_reads_meminfo():
+    from dlbooster.transforms import _available_memory
+
+    with open("/proc/meminfo") as f:
+        line = next(line for line in f if line.startswith("MemAvailable:"))
+    assert _available_memory() is not None and abs(_available_memory() - int(line.split()[1]) * 1024) < 1 << 30
 
 
 # --- bad inputs ---------------------------------------------------------------------
