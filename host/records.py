@@ -432,6 +432,9 @@ class RecordFile:
                     or int(lengths[g].max(initial=0)) > group_lengths[g] or table["pad"][g]):
                 raise RecordError(f"{path}: corrupt record: inconsistent index at scan group {g}")
             expected += group_lengths[g]
+        if expected >= 1 << 63:             # every offset and length below it fits int64
+            raise RecordError(f"{path}: corrupt record: its index ends at byte {expected}")
+        self._size = size                   # as opened; a file may be shorter (read prefixes only)
         self.lengths = lengths.astype(np.int64)
         self.group_offsets = np.array(offsets, dtype=np.int64)
         self.group_lengths = np.array(group_lengths, dtype=np.int64)
@@ -457,10 +460,15 @@ class RecordFile:
         return min(int(fidelity), self.scans)
 
     def _pread(self, fd: int, start: int, length: int, what: str) -> bytes:
-        data = os.pread(fd, length, start) if length else b""
+        # Past the end of the file as opened, the index may be forged (a terabyte group):
+        # the file's size now, not a read of ``length`` bytes, decides.
+        if start + length > self._size and start + length > os.fstat(fd).st_size:
+            data = b""
+        else:
+            data = os.pread(fd, length, start) if length else b""
         if len(data) < length:
             raise RecordError(f"{self.path}: truncated record: {what} needs bytes up to {start + length}, "
-                              f"the file has {start + len(data)}")
+                              f"the file has {os.fstat(fd).st_size}")
         return data
 
     def _check(self, fd: int, g: int) -> None:

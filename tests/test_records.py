@@ -192,7 +192,7 @@ def test_reader_rejects_damage(written, tmp_path):
             R.RecordFile(path)
 
 
-def _forge(good: bytes, *, n=None, s=None, meta=None, lengths=None) -> bytes:
+def _forge(good: bytes, *, n=None, s=None, meta=None, lengths=None, group_lengths=None) -> bytes:
     """``good`` with header fields, metadata or index replaced, its header CRC made
     right again: only the reader's own checks can catch what is wrong."""
     import zlib
@@ -213,6 +213,8 @@ def _forge(good: bytes, *, n=None, s=None, meta=None, lengths=None) -> bytes:
     rows["o"] += np.uint64(shift) if shift >= 0 else np.uint64(0)
     if shift < 0:
         rows["o"] -= np.uint64(-shift)
+    if group_lengths is not None:
+        rows["l"] = np.asarray(group_lengths, dtype=np.uint64)
     head = struct.pack("<8sIIIIQ", magic, version, n0 if n is None else n, s0 if s is None else s,
                        len(meta_raw), reserved) + meta_raw + index + rows.tobytes()
     return head + struct.pack("<I", zlib.crc32(head)) + groups
@@ -232,6 +234,8 @@ def test_reader_rejects_forged_records(written, tmp_path):
     # Sums stay right modulo 2^64: one piece "shrinks" by wrapping around, one grows.
     wrapped[2, 0] = (int(wrapped[2, 0]) - 10**6) % 2**64
     wrapped[2, 1] = int(wrapped[2, 1]) + 10**6
+    beyond = rf.lengths.astype(np.uint64)
+    beyond[-1, 0] += np.uint64(1 << 63)
     cases = [
         (_forge(good, n=0xFFFFFFFF), "truncated record"),
         (_forge(good, n=0xFFFFFFFF, s=0xFFFFFFFF), "truncated record"),
@@ -247,6 +251,8 @@ def test_reader_rejects_forged_records(written, tmp_path):
         (_forge(good, meta=[meta]), "not a JSON object"),
         (_forge(good, meta=b"[" * 100_000 + b"]" * 100_000), "corrupt record metadata"),
         (_forge(good, lengths=wrapped), "inconsistent index at scan group 2"),
+        # Consistent, but past 2^63: no OverflowError from int64 conversion.
+        (_forge(good, lengths=beyond, group_lengths=beyond.sum(axis=1)), "its index ends at byte"),
     ]
     for data, message in cases:
         path.write_bytes(data)
@@ -256,6 +262,18 @@ def test_reader_rejects_forged_records(written, tmp_path):
     # The forging itself is sound: unchanged fields give a readable record.
     path.write_bytes(_forge(good, meta=meta))
     assert R.RecordFile(path).image(0) == first
+    # A last group declared a terabyte long opens (a truncated file still serves its
+    # prefixes), and reading it is a truncated record with the file's real size, not a
+    # terabyte read (MemoryError).
+    huge = rf.lengths.astype(np.uint64)
+    huge[-1, -1] += np.uint64(1 << 40)
+    data = _forge(good, lengths=huge, group_lengths=huge.sum(axis=1))
+    path.write_bytes(data)
+    forged = R.RecordFile(path)
+    assert forged.image(0, 1) == rf.image(0, 1)
+    with pytest.raises(R.RecordError, match=f"truncated record: scan group {rf.scans} needs bytes up to "
+                                            f"{len(data) + (1 << 40)}, the file has {len(data)}$"):
+        forged.image(rf.scan_counts.index(rf.scans))     # an image with a piece in the last group
 
     # Not a regular file, whatever its name.
     (tmp_path / "dir.pcr").mkdir()
@@ -269,7 +287,7 @@ def test_reader_rejects_forged_records(written, tmp_path):
     path.write_bytes(good)
     rf = R.RecordFile(path)
     os.truncate(path, 4096)
-    with pytest.raises(R.RecordError, match="truncated record"):
+    with pytest.raises(R.RecordError, match="truncated record: .* the file has 4096$"):
         rf.image(rf.images - 1)
 
 
