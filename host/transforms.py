@@ -382,6 +382,11 @@ def eval_transform(size: int = 224, resize: int = 256, **kw) -> DeviceTransform:
     return DeviceTransform(CenterCrop(size, resize, **crop_kw), **kw)
 
 
+#: Padded CPU batches larger than this are checked against the memory available first
+#: (a file read, next to a zero-fill of at least this much).
+_CHECK_ABOVE = 64 << 20
+
+
 def _available_memory() -> int | None:
     """Bytes of memory the system can give without swapping (``MemAvailable`` of
     ``/proc/meminfo``), or None where that file or line is absent."""
@@ -404,16 +409,16 @@ def pad_batch(images: Sequence[Tensor]) -> tuple[Tensor, Tensor]:
     image i in ``batch[i, :, :h_i, :w_i]`` and zeros below and to the right; sizes is an
     (N, 2) int64 CPU tensor of (h_i, w_i). Raises ValueError for an empty list or
     (naming the index) an image of the wrong dtype, shape or device, TypeError for a
-    non-tensor, and MemoryError, before allocating anything, for a CPU batch larger than
-    the memory the system has available (``MemAvailable`` of ``/proc/meminfo``; not
-    checked where that is absent). Small images of very different shapes, such as
+    non-tensor, and MemoryError, before allocating anything, for a CPU batch of over
+    64 MiB larger than the memory the system has available (``MemAvailable`` of
+    ``/proc/meminfo``; not checked where that is absent). Small images of very different shapes, such as
     65500x1 and 1x65500, pad to gigabytes, and zero-filling such a batch would wake the
     kernel's OOM killer instead of failing.
     """
     sizes = _check_images(images)
     height, width = sizes.max(dim=0).values.tolist()
     need = len(images) * height * width * 3
-    if images[0].device.type == "cpu":
+    if need > _CHECK_ABOVE and images[0].device.type == "cpu":
         available = _available_memory()
         if available is not None and need > available:
             raise MemoryError(f"padding {len(images)} images to {height}x{width} needs {need / 2**30:.1f} GiB, "

@@ -367,7 +367,15 @@ def test_pad_batch_refuses_padding_beyond_the_memory_available_before_allocating
         pad_batch(images)
     assert allocations == []
     monkeypatch.undo()
-    monkeypatch.setattr(transforms, "_available_memory", lambda: 2 * 3 * 9 * 7)   # exactly enough
+    # The bound is exact; batches of up to 64 MiB are not checked (no file read each).
+    images = [torch.ones(3, 4096, 2, dtype=torch.uint8), torch.ones(3, 2, 4096, dtype=torch.uint8)]
+    need = 2 * 4096 * 4096 * 3
+    monkeypatch.setattr(transforms, "_available_memory", lambda: need - 1)
+    with pytest.raises(MemoryError, match="needs 0.1 GiB"):
+        pad_batch(images)
+    monkeypatch.setattr(transforms, "_available_memory", lambda: need)
+    assert pad_batch(images)[0].shape == (2, 3, 4096, 4096)
+    monkeypatch.setattr(transforms, "_available_memory", lambda: 0)
     assert pad_batch(images_of([(5, 7), (9, 3)], seed=3))[0].shape == (2, 3, 9, 7)
 
 
