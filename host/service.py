@@ -44,6 +44,7 @@ import numpy as np
 from . import jpeg
 from .backends import CpuBackend, get_backend, read_file
 from .errors import DecodeError, FallbackError
+from .hw.regs import DeviceStatus
 from .pool import SpillBuffer
 
 __all__ = ["DecodeService", "Outcome", "ServiceStats", "Task"]
@@ -123,13 +124,17 @@ class ServiceStats:
 
 
 _STOP = object()
+_WATCHDOG = int(DeviceStatus.WATCHDOG)
 
 
 class _Dispatcher(threading.Thread):
     """Drives one :class:`~dlbooster.device.DecoderDevice`. Takes lists of tasks (a
     batch's share) from its queue, reads and pre-screens each input itself (no thread
     hand-off per image), submits jobs while the job FIFO has room, waits on
-    completions and routes declined jobs to the CPU pool."""
+    completions and routes declined jobs to the CPU pool. A watchdog completion resets
+    the device: the lane it freed takes no job until its memory transactions end, which
+    a memory that stopped answering never lets happen, and the jobs queued behind it
+    would otherwise wait out the driver's wait bound (2^28 clocks)."""
 
     def __init__(self, service: DecodeService, number: int, device, depth: int):
         super().__init__(name=f"dlbooster-device{number}", daemon=True)
@@ -316,6 +321,8 @@ class _Dispatcher(threading.Thread):
                 if self.clocks0 is not None:
                     self.service.stats.device_clocks[self.number] = self._clocks() - self.clocks0
                 self._complete_many(completions)
+                if self.inflight and any(done.status == _WATCHDOG for done in completions):
+                    self._abandon("device reset after a lane's watchdog")
 
     def _submit(self, items: list[tuple]) -> list[tuple]:
         """Stage items (:meth:`_next`) and queue their jobs in one register sequence.

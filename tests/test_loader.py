@@ -612,22 +612,22 @@ def test_a_file_replaced_with_its_old_size_and_mtime_is_screened_again(sim, tmp_
 
 
 @needs_verilator
-def test_sim_stalled_memory_falls_back_to_cpu(sim, sim_source, monkeypatch):
+def test_sim_stalled_memory_falls_back_to_cpu(sim, sim_source):
     """The device's memory stops answering reads: the watchdog ends the jobs the lanes
-    hold, the lanes stay busy on their dead transactions, the dispatcher's wait times out
-    (a device fault: reset, jobs to the CPU). Every image still arrives, from the CPU.
+    hold, and the lanes stay busy on their dead transactions. The dispatcher resets the
+    device at the first watchdog completion and sends the jobs still in flight to the
+    CPU (``device-fault``); it does not wait out the driver's wait bound (2**28 clocks,
+    minutes in the simulator). Every image still arrives, from the CPU.
 
-    Hooks the Loader does not expose, reached through
+    A hook the Loader does not expose, reached through
     ``loader.service._dispatchers[0].device``: the watchdog register (default 2**24
-    clocks, minutes in the simulator) and the dispatcher's wait bound (2**28 clocks)."""
+    clocks, also minutes in the simulator)."""
     from dlbooster.sim.device import PortBehaviour
 
     with _sim_loader(sim_source, sim) as loader:
         device = loader.service._dispatchers[0].device
         assert device is sim.device
         device.watchdog = 2000
-        real_wait = device.wait
-        monkeypatch.setattr(device, "wait", lambda max_clocks=1 << 28: real_wait(min(max_clocks, 30_000)))
         device.transport.set_port(PortBehaviour(stall_reads=True))
         start = time.perf_counter()
         batches = drain(loader)
@@ -647,7 +647,6 @@ def test_sim_stalled_memory_falls_back_to_cpu(sim, sim_source, monkeypatch):
         assert stats["fallback:watchdog"] + stats["fallback:device-fault"] == 8
         assert elapsed < 60
     # The device works again once the memory answers.
-    monkeypatch.undo()
     device.transport.set_port(PortBehaviour())
     device.reset()
     with _sim_loader(sim_source[:2], sim) as loader:
