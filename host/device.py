@@ -102,6 +102,7 @@ class DecoderDevice:
     def __init__(self, transport):
         self.transport = transport
         self._blocks = hasattr(transport, "read_block") and hasattr(transport, "write_block")
+        self._watchdog: int | None = None     # set through the property: kept across resets
         self._configure()
 
     def _configure(self) -> None:
@@ -133,19 +134,24 @@ class DecoderDevice:
         t.write32(Reg.AP_CTRL, Ctrl.AP_START | Ctrl.AUTO_RESTART)
 
     def reset(self) -> None:
-        """Reset the device (the transport's reset; jobs in flight are lost) and start it again."""
+        """Reset the device (the transport's reset; jobs in flight are lost) and start it
+        again, with the watchdog set through :attr:`watchdog` if it was."""
         self.transport.reset()
         self._configure()
+        if self._watchdog is not None:
+            self.transport.write32(Reg.WATCHDOG, self._watchdog)
         self.start()
 
     @property
     def watchdog(self) -> int:
-        """Clocks without movement before a job is abandoned (0: never)."""
+        """Clocks without movement before a job is abandoned (0: never). A value set here
+        is written again after :meth:`reset` (the register's reset value is the build's)."""
         return self.transport.read32(Reg.WATCHDOG)
 
     @watchdog.setter
     def watchdog(self, clocks: int) -> None:
         self.transport.write32(Reg.WATCHDOG, clocks)
+        self._watchdog = clocks
 
     def free_slots(self) -> int:
         """Free entries in the job FIFO (one register read)."""

@@ -282,8 +282,16 @@ def test_reset_while_busy_leaves_the_device_usable(sim4):
         device.submit(i, src.device_address, len(data), dst.device_address, _cap(data))
     sim4.run(3000)
     assert sim4.read32(Reg.BUSY) == 0b1111
+    default = device.watchdog
+    device.watchdog = 12345
     device.reset()
     assert sim4.read32(Reg.BUSY) == 0 and sim4.read32(Reg.DONE_COUNT) == 0 and sim4.read32(Reg.JOB_PUSH) == 16
+    # The register's reset value is the build's; the driver writes the one it was given again.
+    assert device.watchdog == 12345 and default == 1 << 24
+    sim4.reset()
+    assert sim4.read32(Reg.WATCHDOG) == default
+    device.reset()
+    assert device.watchdog == 12345
     files = {f"f{i}": gen(24 + 8 * i, 16, subsampling=i % 3, quality=80) for i in range(5)}
     _check_against_pillow(files, device.decode_batch([(d, _cap(d)) for d in files.values()]))
 

@@ -238,6 +238,7 @@ def sim(sim_backend):
     from dlbooster.sim.device import PortBehaviour
 
     sim_backend.device.transport.set_port(PortBehaviour())
+    sim_backend.device.watchdog = 1 << 24     # the build's; a test's own survives resets
     sim_backend.device.reset()
     return sim_backend
 
@@ -612,6 +613,47 @@ def test_a_file_replaced_with_its_old_size_and_mtime_is_screened_again(sim, tmp_
 
 
 @needs_verilator
+def test_sim_lanes_stuck_one_at_a_time_end_in_a_reset(sim, tmp_path):
+    """Single tasks on a 4-lane device whose memory stopped answering reads: each job's
+    lane is freed by the watchdog but stays stuck on its dead transactions, so each
+    next job goes to another lane; once all four are stuck the dispatcher resets the
+    device, and the fifth job runs on the reset device. No job waits out the driver's
+    wait bound (2**28 clocks; before, the fifth did), and every input comes from the CPU."""
+    from dlbooster.pool import BatchPool
+    from dlbooster.service import DecodeService, Task
+    from dlbooster.sim.device import PortBehaviour
+
+    paths = [str(write(tmp_path / f"{i}.jpg", gen(48, 40, subsampling=2, quality=85))) for i in range(5)]
+    device = sim.device
+    resets, task = [], [None]
+    real_reset = device.reset
+    device.reset = lambda: (resets.append(task[0]), real_reset())
+    outcomes = []
+    service = DecodeService(sim, cpu_workers=1)
+    try:
+        device.watchdog = 2000
+        device.transport.set_port(PortBehaviour(stall_reads=True))
+        pool = BatchPool(1, 64 * 64 * 3, depth=1, allocate=service.allocator())
+        start = time.perf_counter()
+        for i, path in enumerate(paths):
+            task[0] = i
+            buf = pool.acquire()
+            buf.count = 1
+            service.submit(Task(i, path, buf, 0, lambda task, outcome: outcomes.append(outcome)))
+            service.drain()
+            pool.release(buf)
+        elapsed = time.perf_counter() - start
+    finally:
+        service.close(backend=False)
+        del device.reset
+    assert [(o.index, o.status, o.reason, o.backend) for o in outcomes] == [
+        (i, "fallback", "watchdog", "cpu") for i in range(5)]
+    assert sorted(o.extra["lane"] for o in outcomes[:LANES]) == list(range(LANES))
+    assert resets == [LANES - 1], "one reset, during the task that left every lane stuck"
+    assert elapsed < 60
+
+
+@needs_verilator
 def test_sim_stalled_memory_falls_back_to_cpu(sim, sim_source):
     """The device's memory stops answering reads: the watchdog ends the jobs the lanes
     hold, and the lanes stay busy on their dead transactions. The dispatcher resets the
@@ -639,8 +681,7 @@ def test_sim_stalled_memory_falls_back_to_cpu(sim, sim_source):
         assert sorted(o.index for o in fallbacks) == list(range(8)), "every image came from the CPU"
         assert all(o.status == "fallback" and o.backend == "cpu" for o in fallbacks)
         reasons = [o.reason for o in fallbacks]
-        assert set(reasons) == {"watchdog", "device-fault"}, reasons
-        assert reasons.count("watchdog") <= LANES, "a lane whose job the watchdog ended stays busy"
+        assert "watchdog" in reasons and set(reasons) <= {"watchdog", "device-fault"}, reasons
         assert loader.report.accounted == loader.report.positions == 9
         assert loader.report.fallbacks == fallbacks
         stats = loader.stats().outcomes
