@@ -387,17 +387,52 @@ def eval_transform(size: int = 224, resize: int = 256, **kw) -> DeviceTransform:
 _CHECK_ABOVE = 64 << 20
 
 
-def _available_memory() -> int | None:
-    """Bytes of memory the system can give without swapping (``MemAvailable`` of
-    ``/proc/meminfo``), or None where that file or line is absent."""
+def _available_memory(proc: str = "/proc", cgroup: str = "/sys/fs/cgroup") -> int | None:
+    """Bytes the process can still take: the smaller of the system's ``MemAvailable``
+    (``/proc/meminfo``) and the headroom (limit less usage) of every memory cgroup limit
+    from the process's cgroup up to the root (v2 ``memory.max`` / ``memory.current``,
+    v1 ``memory.limit_in_bytes`` / ``memory.usage_in_bytes``): a container's limit is
+    not in ``MemAvailable``. None where none of these can be read."""
+    found = []
     try:
-        with open("/proc/meminfo", "rb") as f:
+        with open(f"{proc}/meminfo", "rb") as f:
             for line in f:
                 if line.startswith(b"MemAvailable:"):
-                    return int(line.split()[1]) * 1024
+                    found.append(int(line.split()[1]) * 1024)
+                    break
     except (OSError, ValueError, IndexError):
         pass
-    return None
+    try:
+        with open(f"{proc}/self/cgroup") as f:
+            entries = [line.rstrip("\n").split(":", 2) for line in f]
+    except OSError:
+        entries = []
+    for entry in entries:
+        if len(entry) != 3:
+            continue
+        _, controllers, path = entry
+        if controllers == "":
+            root, files = cgroup, ("memory.max", "memory.current")
+        elif "memory" in controllers.split(","):
+            root, files = f"{cgroup}/memory", ("memory.limit_in_bytes", "memory.usage_in_bytes")
+        else:
+            continue
+        parts = [p for p in path.split("/") if p]
+        for depth in range(len(parts), -1, -1):      # the cgroup, then each parent
+            folder = "/".join([root, *parts[:depth]])
+            limit, usage = (_read_int(f"{folder}/{name}") for name in files)
+            if limit is not None and usage is not None and limit < 1 << 62:   # v1 writes "no limit" as ~2^63
+                found.append(max(limit - usage, 0))
+    return min(found) if found else None
+
+
+def _read_int(path: str) -> int | None:
+    """The integer a control file holds; None if absent or not a number ("max")."""
+    try:
+        with open(path) as f:
+            return int(f.read().strip())
+    except (OSError, ValueError):
+        return None
 
 
 def pad_batch(images: Sequence[Tensor]) -> tuple[Tensor, Tensor]:
@@ -410,8 +445,9 @@ def pad_batch(images: Sequence[Tensor]) -> tuple[Tensor, Tensor]:
     (N, 2) int64 CPU tensor of (h_i, w_i). Raises ValueError for an empty list or
     (naming the index) an image of the wrong dtype, shape or device, TypeError for a
     non-tensor, and MemoryError, before allocating anything, for a CPU batch of over
-    64 MiB larger than the memory the system has available (``MemAvailable`` of
-    ``/proc/meminfo``; not checked where that is absent). Small images of very different shapes, such as
+    64 MiB larger than the memory available to the process (``MemAvailable`` of
+    ``/proc/meminfo`` and any memory cgroup's limit; not checked where neither can be
+    read). Small images of very different shapes, such as
     65500x1 and 1x65500, pad to gigabytes, and zero-filling such a batch would wake the
     kernel's OOM killer instead of failing.
     """

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import os
+import shutil
 
 import pytest
 import torch
@@ -380,12 +381,42 @@ def test_pad_batch_refuses_padding_beyond_the_memory_available_before_allocating
 
 
 @pytest.mark.skipif(not os.path.exists("/proc/meminfo"), reason="no /proc/meminfo")
-def test_available_memory_reads_meminfo():
+def test_available_memory_is_at_most_memavailable():
     from dlbooster.transforms import _available_memory
 
     with open("/proc/meminfo") as f:
         line = next(line for line in f if line.startswith("MemAvailable:"))
-    assert _available_memory() is not None and abs(_available_memory() - int(line.split()[1]) * 1024) < 1 << 30
+    assert 0 < _available_memory() <= int(line.split()[1]) * 1024 + (1 << 30)
+
+
+def test_available_memory_takes_the_tightest_cgroup_limit(tmp_path):
+    """A container's limit is not in MemAvailable: the headroom of every memory cgroup
+    limit on the process's path counts, v2 and v1 ("max" and v1's ~2^63 mean none)."""
+    from dlbooster.transforms import _available_memory
+
+    gib = 1 << 30
+
+    def tree(cgroup_lines: str, files: dict[str, str]):
+        proc, cg = tmp_path / "proc", tmp_path / "cg"
+        shutil.rmtree(proc, ignore_errors=True)
+        shutil.rmtree(cg, ignore_errors=True)
+        (proc / "self").mkdir(parents=True)
+        (proc / "meminfo").write_text(f"MemTotal: {16 * gib // 1024} kB\nMemAvailable: {8 * gib // 1024} kB\n")
+        (proc / "self" / "cgroup").write_text(cgroup_lines)
+        for name, text in files.items():
+            (cg / name).parent.mkdir(parents=True, exist_ok=True)
+            (cg / name).write_text(text)
+        return _available_memory(str(proc), str(cg))
+
+    assert tree("0::/\n", {}) == 8 * gib
+    assert tree("0::/a/b\n", {"a/b/memory.max": "max\n", "a/b/memory.current": "1\n",
+                               "a/memory.max": f"{2 * gib}\n", "a/memory.current": f"{3 * gib // 2}\n"}) == gib // 2
+    assert tree("4:memory:/x\n0::/\n", {"memory/x/memory.limit_in_bytes": "9223372036854771712\n",
+                                        "memory/x/memory.usage_in_bytes": "5\n",
+                                        "memory/memory.limit_in_bytes": f"{gib}\n",
+                                        "memory/memory.usage_in_bytes": f"{gib // 4}\n"}) == 3 * gib // 4
+    assert tree("0::/a\n", {"a/memory.max": f"{gib}\n", "a/memory.current": f"{2 * gib}\n"}) == 0
+    assert _available_memory(str(tmp_path / "none"), str(tmp_path / "none")) is None
 
 
 # --- bad inputs ---------------------------------------------------------------------
