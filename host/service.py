@@ -136,7 +136,7 @@ class _Dispatcher(threading.Thread):
     A lane whose job the watchdog ended takes no job until its memory transactions end
     (:mod:`dlbooster.hw.engine`), which a memory that stopped answering never allows; it
     is back once a later completion names it. While other lanes work they take the
-    queued jobs; when every lane is stuck so, the device is reset at once (its jobs in
+    queued jobs; once every lane is stuck this way, the device is reset (its jobs in
     flight go to the CPU), instead of waiting out the driver's wait bound (2^28 clocks,
     minutes in the simulator)."""
 
