@@ -225,7 +225,11 @@ class DeviceBackend:
     def decode_many(self, datas: list[bytes], infos: list[jpeg.JpegInfo]) -> list[tuple[Any, dict]]:
         """Decode many files, all lanes busy. Returns per input ``(image or FallbackError,
         extra)``; ``extra`` holds the device's ``cycles``, ``symbols`` and ``lane`` for
-        inputs that ran on it."""
+        inputs that ran on it. A device fault (:class:`~dlbooster.device.DeviceError`;
+        the driver has reset the device) declines every input of the call that ran on it
+        with reason ``device-fault``, for the CPU path."""
+        from .device import DeviceError
+
         results: list[tuple[Any, dict] | None] = [None] * len(datas)
         jobs = []
         for i, (data, info) in enumerate(zip(datas, infos)):
@@ -238,7 +242,12 @@ class DeviceBackend:
             frame = info.frame
             fits = frame is not None and frame.width <= self.max_width
             jobs.append((i, frame.width * frame.height * 3 if fits else 0))
-        outcomes = self.device.decode_batch([(datas[i], cap) for i, cap in jobs])
+        try:
+            outcomes = self.device.decode_batch([(datas[i], cap) for i, cap in jobs])
+        except DeviceError as exc:
+            for i, _ in jobs:
+                results[i] = (FallbackError("device-fault", str(exc)), {})
+            return results
         for (i, _), outcome in zip(jobs, outcomes):
             done = outcome.completion
             extra = {"cycles": done.clocks, "symbols": done.symbols, "lane": done.lane}

@@ -30,7 +30,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from .hw.regs import DONE_BLOCK_WORDS, MAGIC, Ctrl, Irq, Reg, device_reason
+from .hw.regs import DONE_BLOCK_WORDS, MAGIC, Ctrl, DeviceStatus, Irq, Reg, device_reason
 
 __all__ = ["Completion", "DecoderDevice", "DeviceError", "JobOutcome"]
 
@@ -42,6 +42,7 @@ _JOB_PUSH, _DONE_COUNT, _DONE_POP = int(Reg.JOB_PUSH), int(Reg.DONE_COUNT), int(
 _DONE_STATUS, _DONE_SIZE, _DONE_ID = int(Reg.DONE_STATUS), int(Reg.DONE_SIZE), int(Reg.DONE_ID)
 _DONE_BYTES, _DONE_CLOCKS, _DONE_SYMBOLS = int(Reg.DONE_BYTES), int(Reg.DONE_CLOCKS), int(Reg.DONE_SYMBOLS)
 _JOB_BLOCK = _JOB_FIELDS[0]
+_WATCHDOG = int(DeviceStatus.WATCHDOG)
 
 
 class DeviceError(RuntimeError):
@@ -276,14 +277,19 @@ class DecoderDevice:
         Raises:
             MemoryError: one input's buffers do not fit the device memory even with
                 nothing else in flight.
-            DeviceError: the device stopped answering; it is reset before the buffers
-                are released, so it cannot write into them afterwards.
+            DeviceError: the device stopped answering, or every lane is stuck on memory
+                transactions its watchdog gave up while jobs wait (a lane whose job ended
+                with status WATCHDOG takes no job until they end; it is back once a later
+                completion names it; with nothing in flight the device is reset and the
+                batch goes on); the device is reset before the buffers are released, so
+                it cannot write into them afterwards.
         """
         t = self.transport
         word = self.bus_bytes
         buffers: dict[int, tuple] = {}          # job id -> (item index, src, dst)
         outcomes: list[JobOutcome | None] = [None] * len(items)
         next_item = 0
+        stuck: set[int] = set()                 # lanes a watchdog completion named, not heard from since
         try:
             while next_item < len(items) or buffers:
                 while next_item < len(items):
@@ -311,6 +317,10 @@ class DecoderDevice:
                     self.submit(job_id, src.device_address, len(data), dst.device_address, cap)
                     next_item += 1
                 for done in self.wait():
+                    if done.status == _WATCHDOG:
+                        stuck.add(done.lane)
+                    else:
+                        stuck.discard(done.lane)
                     if done.job_id not in buffers:
                         continue                  # not this batch's (an earlier, abandoned call)
                     index, src, dst = buffers.pop(done.job_id)
@@ -322,6 +332,12 @@ class DecoderDevice:
                     outcomes[index] = JobOutcome(done, image)
                     src.free()
                     dst.free()
+                if len(stuck) >= self.lanes:
+                    if buffers:
+                        raise DeviceError(f"every lane waits on memory transactions its watchdog gave up; jobs "
+                                          f"{sorted(buffers)[:8]} cannot run")
+                    self.reset()                  # nothing in flight: a fresh device takes the rest
+                    stuck.clear()
         except BaseException:
             if buffers:
                 self.reset()                      # no device access to buffers about to be freed

@@ -273,6 +273,36 @@ def test_watchdog_ends_a_stalled_job_and_the_lane_recovers(sim1, stall):
     assert _violations(sim1) == 0
 
 
+@pytest.mark.parametrize("lanes", [1, 4])
+def test_every_lane_stuck_on_a_dead_memory_ends_the_batch_at_once(sim1, sim4, lanes):
+    """Reads stop being answered: each job's watchdog frees its lane, which stays stuck
+    on its dead transactions. Once every lane is, ``decode_batch`` raises (the device
+    reset) instead of waiting out its 2**28-clock wait bound, and a device backend
+    hands the call's inputs to the CPU (``device-fault``); the device then works again."""
+    from dlbooster.backends import DeviceBackend, decode_results
+    from dlbooster.device import DeviceError
+    from dlbooster.sim.device import PortBehaviour
+
+    sim = sim1 if lanes == 1 else sim4
+    device = _fresh(sim)
+    device.watchdog = 3000
+    files = [gen(40 + 8 * i, 24, subsampling=i % 3, quality=85) for i in range(lanes + 2)]
+    sim.set_port(PortBehaviour(stall_reads=True))
+    clocks = sim.counters()["clocks"]
+    with pytest.raises(DeviceError, match="every lane waits on memory transactions its watchdog gave up"):
+        device.decode_batch([(d, _cap(d)) for d in files])
+    assert sim.counters()["clocks"] - clocks < 100_000
+    backend = DeviceBackend()
+    backend.devices, backend.device, backend.max_width = [device], device, WIDTH
+    results = decode_results(files, backend)
+    assert [(r.status, r.backend, r.reason) for r in results] == [("fallback", "cpu", "device-fault")] * len(files)
+    assert all((r.image == pillow_rgb(d)[0]).all() for r, d in zip(results, files))
+    sim.set_port(PortBehaviour())
+    outcomes = device.decode_batch([(d, _cap(d)) for d in files])
+    assert all(o.completion.status == 0 and (o.image == pillow_rgb(d)[0]).all() for o, d in zip(outcomes, files))
+    assert device.watchdog == 3000 and _violations(sim) == 0
+
+
 def test_reset_while_busy_leaves_the_device_usable(sim4):
     device = _fresh(sim4)
     data = gen(120, 80, subsampling=2, quality=90)
