@@ -124,6 +124,11 @@ class DecoderDevice:
         self.max_width = t.read32(Reg.MAX_WIDTH)
         self._free_slots = 0
         self.in_flight: set[int] = set()
+        #: Lanes whose job ended with status WATCHDOG and that no later completion has
+        #: named: such a lane takes no job until its memory transactions end, which a
+        #: memory that stopped answering never allows (docs/device.md). Kept by
+        #: :meth:`poll`, cleared by :meth:`reset`.
+        self.stuck: set[int] = set()
         self._next_id = getattr(self, "_next_id", 0)   # job ids never repeat across batches
 
     def start(self) -> None:
@@ -226,11 +231,12 @@ class DecoderDevice:
             for _ in range(max(self.done_depth, 1)):
                 count, _pop, job_id, status, size, nbytes, clocks, symbols = block(_DONE_COUNT, DONE_BLOCK_WORDS)
                 if not count:
-                    return out
+                    break
                 out.append(_completion((job_id, status & 0xFF, (status >> 8) & 0xFF, size & 0xFFFF, size >> 16,
                                         nbytes, clocks, symbols)))
                 write(_DONE_POP, 1)
                 discard(job_id)
+            self._track_stuck(out)
             return out
         count = read(_DONE_COUNT)
         for _ in range(count):
@@ -241,7 +247,21 @@ class DecoderDevice:
             write(_DONE_POP, 1)
             self.in_flight.discard(job_id)
             out.append(done)
+        self._track_stuck(out)
         return out
+
+    def _track_stuck(self, completions: list[Completion]) -> None:
+        stuck = self.stuck
+        for done in completions:
+            if done.status == _WATCHDOG:
+                stuck.add(done.lane)
+            elif stuck:
+                stuck.discard(done.lane)
+
+    @property
+    def all_lanes_stuck(self) -> bool:
+        """Every lane is stuck (:attr:`stuck`): no queued job can run until a reset."""
+        return len(self.stuck) >= self.lanes
 
     def wait(self, max_clocks: int = 1 << 28) -> list[Completion]:
         """Completions, blocking on the interrupt until at least one arrives.
@@ -277,19 +297,16 @@ class DecoderDevice:
         Raises:
             MemoryError: one input's buffers do not fit the device memory even with
                 nothing else in flight.
-            DeviceError: the device stopped answering, or every lane is stuck on memory
-                transactions its watchdog gave up while jobs wait (a lane whose job ended
-                with status WATCHDOG takes no job until they end; it is back once a later
-                completion names it; with nothing in flight the device is reset and the
-                batch goes on); the device is reset before the buffers are released, so
-                it cannot write into them afterwards.
+            DeviceError: the device stopped answering, or every lane is stuck
+                (:attr:`stuck`) while jobs wait (with nothing in flight the device is
+                reset and the batch goes on); the device is reset before the buffers are
+                released, so it cannot write into them afterwards.
         """
         t = self.transport
         word = self.bus_bytes
         buffers: dict[int, tuple] = {}          # job id -> (item index, src, dst)
         outcomes: list[JobOutcome | None] = [None] * len(items)
         next_item = 0
-        stuck: set[int] = set()                 # lanes a watchdog completion named, not heard from since
         try:
             while next_item < len(items) or buffers:
                 while next_item < len(items):
@@ -317,10 +334,6 @@ class DecoderDevice:
                     self.submit(job_id, src.device_address, len(data), dst.device_address, cap)
                     next_item += 1
                 for done in self.wait():
-                    if done.status == _WATCHDOG:
-                        stuck.add(done.lane)
-                    else:
-                        stuck.discard(done.lane)
                     if done.job_id not in buffers:
                         continue                  # not this batch's (an earlier, abandoned call)
                     index, src, dst = buffers.pop(done.job_id)
@@ -332,12 +345,11 @@ class DecoderDevice:
                     outcomes[index] = JobOutcome(done, image)
                     src.free()
                     dst.free()
-                if len(stuck) >= self.lanes:
+                if self.all_lanes_stuck:
                     if buffers:
                         raise DeviceError(f"every lane waits on memory transactions its watchdog gave up; jobs "
                                           f"{sorted(buffers)[:8]} cannot run")
                     self.reset()                  # nothing in flight: a fresh device takes the rest
-                    stuck.clear()
         except BaseException:
             if buffers:
                 self.reset()                      # no device access to buffers about to be freed

@@ -44,7 +44,6 @@ import numpy as np
 from . import jpeg
 from .backends import CpuBackend, get_backend, read_file
 from .errors import DecodeError, FallbackError
-from .hw.regs import DeviceStatus
 from .pool import SpillBuffer
 
 __all__ = ["DecodeService", "Outcome", "ServiceStats", "Task"]
@@ -124,7 +123,6 @@ class ServiceStats:
 
 
 _STOP = object()
-_WATCHDOG = int(DeviceStatus.WATCHDOG)
 
 
 class _Dispatcher(threading.Thread):
@@ -133,10 +131,8 @@ class _Dispatcher(threading.Thread):
     hand-off per image), submits jobs while the job FIFO has room, waits on
     completions and routes declined jobs to the CPU pool.
 
-    A lane whose job the watchdog ended takes no job until its memory transactions end
-    (:mod:`dlbooster.hw.engine`), which a memory that stopped answering never allows; it
-    is back once a later completion names it. While other lanes work they take the
-    queued jobs; once every lane is stuck this way, the device is reset (its jobs in
+    Lanes stuck after a watchdog (:attr:`dlbooster.device.DecoderDevice.stuck`) leave the
+    queued jobs to the others; once every lane is stuck, the device is reset (its jobs in
     flight go to the CPU), instead of waiting out the driver's wait bound (2^28 clocks,
     minutes in the simulator)."""
 
@@ -161,8 +157,6 @@ class _Dispatcher(threading.Thread):
         self.lane_free: dict[int, float] = {} # lane -> its last completion time (when tracing)
         self.clocks0 = self._clocks()
         self.read_seconds = 0.0               # reads not yet added to the service's stats
-        self.stuck: set[int] = set()          # lanes a watchdog completion named, not heard from since
-        self.watchdog_seen = False            # the last completions held a watchdog status
 
     def _clocks(self) -> int | None:
         counters = getattr(self.device.transport, "counters", None)
@@ -327,8 +321,8 @@ class _Dispatcher(threading.Thread):
                 if self.clocks0 is not None:
                     self.service.stats.device_clocks[self.number] = self._clocks() - self.clocks0
                 self._complete_many(completions)
-                if self.watchdog_seen or self.stuck:
-                    self._track_stuck(completions)
+                if self.device.stuck and self.device.all_lanes_stuck:
+                    self._abandon("device reset: every lane waits on memory transactions its watchdog gave up")
 
     def _submit(self, items: list[tuple]) -> list[tuple]:
         """Stage items (:meth:`_next`) and queue their jobs in one register sequence.
@@ -462,8 +456,6 @@ class _Dispatcher(threading.Thread):
         service = self.service
         extra = {"cycles": job_clocks, "symbols": symbols, "lane": lane}
         clocks[lane] = clocks.get(lane, 0) + job_clocks
-        if status == _WATCHDOG:
-            self.watchdog_seen = True
         if service.trace is not None:
             # Host-observed: a lane takes its next job no earlier than its last completion.
             now = time.perf_counter()
@@ -501,18 +493,6 @@ class _Dispatcher(threading.Thread):
         self.current = None
         return task, Outcome(task.index, task.path, "ok", service.backend_name, None, "", extra)
 
-    def _track_stuck(self, completions) -> None:
-        """Update the stuck lanes from completions (in order: a lane is back once a later
-        completion names it); reset the device when every lane is stuck."""
-        for done in completions:
-            if done.status == _WATCHDOG:
-                self.stuck.add(done.lane)
-            else:
-                self.stuck.discard(done.lane)
-        self.watchdog_seen = False
-        if len(self.stuck) >= self.device.lanes:
-            self._abandon("device reset: every lane waits on memory transactions its watchdog gave up")
-
     def _add_reads(self) -> None:
         """Add the reads this dispatcher has timed to the service's stats."""
         with self.service._lock:
@@ -525,8 +505,6 @@ class _Dispatcher(threading.Thread):
         held = list(self.inflight.values())
         self.inflight.clear()
         self.started.clear()
-        self.stuck.clear()
-        self.watchdog_seen = False
         try:
             self.device.reset()
         except Exception as exc:  # the device may be gone entirely

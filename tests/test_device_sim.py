@@ -292,6 +292,7 @@ def test_every_lane_stuck_on_a_dead_memory_ends_the_batch_at_once(sim1, sim4, la
     with pytest.raises(DeviceError, match="every lane waits on memory transactions its watchdog gave up"):
         device.decode_batch([(d, _cap(d)) for d in files])
     assert sim.counters()["clocks"] - clocks < 100_000
+    assert device.stuck == set(), "the reset clears the stuck lanes"
     backend = DeviceBackend()
     backend.devices, backend.device, backend.max_width = [device], device, WIDTH
     results = decode_results(files, backend)
