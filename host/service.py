@@ -321,7 +321,7 @@ class _Dispatcher(threading.Thread):
                 if self.clocks0 is not None:
                     self.service.stats.device_clocks[self.number] = self._clocks() - self.clocks0
                 self._complete_many(completions)
-                if self.device.stuck and self.device.all_lanes_stuck:
+                if self.device.all_lanes_stuck:
                     self._abandon("device reset: every lane waits on memory transactions its watchdog gave up")
 
     def _submit(self, items: list[tuple]) -> list[tuple]:
