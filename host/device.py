@@ -73,8 +73,15 @@ class Completion(NamedTuple):
 
     @property
     def reason(self) -> str | None:
-        """The status's reason code (None for 0), as :func:`dlbooster.hw.regs.device_reason`."""
-        return device_reason(self.status)
+        """The status's reason code (None for 0), as :func:`dlbooster.hw.regs.device_reason`;
+        ``device-fault`` for a status this driver does not know (a bitstream of another
+        version, a fault): the job's output is not trusted, and its input goes to the CPU
+        like any declined job's, instead of the ValueError taking the device out of
+        service."""
+        try:
+            return device_reason(self.status)
+        except ValueError:
+            return "device-fault"
 
 
 # A named tuple's generated __new__ is a Python function of eight arguments; _make takes
@@ -254,7 +261,8 @@ class DecoderDevice:
         stuck = self.stuck
         for done in completions:
             if done.status == _WATCHDOG:
-                stuck.add(done.lane)
+                if done.lane < self.lanes:    # a lane number past the build's is a fault, not a lane
+                    stuck.add(done.lane)
             elif stuck:
                 stuck.discard(done.lane)
 

@@ -1125,6 +1125,44 @@ def test_instant_completion_with_inconsistent_figures_goes_to_the_cpu(tmp_path):
     pool.close()
 
 
+def test_instant_completion_with_an_unknown_status_goes_to_the_cpu(tmp_path):
+    """A status the driver does not know (here 0x17, which no lane reports, and 0x7F) is
+    a per-job ``device-fault``: those images are decoded on the CPU and the device stays
+    in service for the others."""
+    paths, t, service, pool = _instant_service(tmp_path, 6, 16, 16 * 16)
+    run_job = t._run_job
+
+    def unknown(staged):
+        run_job(staged)
+        job, status, *rest = t._done[-1]
+        if job in (1, 4):
+            t._done[-1] = (job, (status & ~0xFF) | (0x17 if job == 1 else 0x7F), *rest)
+
+    t._run_job = unknown
+    outcomes = _run_once_each(paths, service, pool)
+    assert [outcomes[i] for i in range(6)] == [("ok", None), ("fallback", "device-fault"), ("ok", None),
+                                             ("ok", None), ("fallback", "device-fault"), ("ok", None)]
+    assert service.stats.jobs == 6
+    service.close()
+    pool.close()
+
+
+def test_a_watchdog_completion_naming_no_lane_of_the_build_is_not_a_stuck_lane():
+    """The driver counts a lane as stuck from its watchdog completion; a completion that
+    names a lane the build does not have (a fault) must not count towards "every lane
+    stuck", which resets the device."""
+    from dlbooster.device import Completion, DecoderDevice
+    from dlbooster.hw.regs import DeviceStatus
+    from dlbooster.instant import InstantTransport
+
+    device = DecoderDevice(InstantTransport(lanes=2))
+    watchdog = [Completion(1, DeviceStatus.WATCHDOG, lane, 0, 0, 0, 0, 0) for lane in (5, 7)]
+    device._track_stuck(watchdog)
+    assert device.stuck == set() and not device.all_lanes_stuck
+    device._track_stuck([Completion(2, DeviceStatus.WATCHDOG, lane, 0, 0, 0, 0, 0) for lane in (0, 1)])
+    assert device.stuck == {0, 1} and device.all_lanes_stuck
+
+
 def test_images_larger_than_a_slot_go_to_the_spill_area_without_allocating(tmp_path):
     """With device memory, images larger than a slot are written by the device into the
     batch buffer's spill area and delivered from there: equal to Pillow's, no copy, and
