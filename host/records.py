@@ -65,6 +65,10 @@ SUFFIX = ".pcr"
 _HEADER = struct.Struct("<8sIIIIQ")          # magic, version, N, S, M, reserved
 _GROUP = struct.Struct("<QQII")              # offset, length, crc32, reserved
 _CRC = struct.Struct("<I")
+# One pread moves at most 0x7ffff000 bytes on Linux (read(2)), so longer spans are read in
+# pieces; a scan group's CRC is taken piece by piece, so checking one holds no more
+# than a piece in memory.
+_PIECE = 1 << 26
 EOI = b"\xff\xd9"
 
 
@@ -462,17 +466,29 @@ class RecordFile:
     def _pread(self, fd: int, start: int, length: int, what: str) -> bytes:
         # Past the end of the file as opened, the index may be forged (a terabyte group):
         # the file's size now, not a read of ``length`` bytes, decides.
-        if start + length > self._size and start + length > os.fstat(fd).st_size:
-            data = b""
-        else:
-            data = os.pread(fd, length, start) if length else b""
+        self._require(fd, start + length, what)
+        data = os.pread(fd, min(length, _PIECE), start) if length else b""
+        if 0 < len(data) < length:            # a long span, or a short read
+            parts, done = [data], len(data)
+            while done < length and (part := os.pread(fd, min(length - done, _PIECE), start + done)):
+                parts.append(part)
+                done += len(part)
+            data = b"".join(parts)
         if len(data) < length:
-            raise RecordError(f"{self.path}: truncated record: {what} needs bytes up to {start + length}, "
-                              f"the file has {os.fstat(fd).st_size}")
+            self._truncated(fd, start + length, what)
         return data
 
+    def _require(self, fd: int, end: int, what: str) -> None:
+        """Raise the truncation RecordError when the file ends before ``end``."""
+        if end > self._size and end > os.fstat(fd).st_size:
+            self._truncated(fd, end, what)
+
+    def _truncated(self, fd: int, end: int, what: str) -> None:
+        raise RecordError(f"{self.path}: truncated record: {what} needs bytes up to {end}, "
+                          f"the file has {os.fstat(fd).st_size}")
+
     def _check(self, fd: int, g: int) -> None:
-        """Check scan group ``g``'s CRC once (its bytes are read whole the first time).
+        """Check scan group ``g``'s CRC once (the first time, reading it in pieces of ``_PIECE``).
 
         Raises:
             RecordError: the file ends inside the group, or its CRC does not match (the
@@ -484,9 +500,12 @@ class RecordFile:
                 verdict = self._verdicts[g]
                 if verdict is None:
                     try:
-                        data = self._pread(fd, int(self.group_offsets[g]), int(self.group_lengths[g]),
-                                           f"scan group {g}")
-                        verdict = "ok" if zlib.crc32(data) == self._crcs[g] else \
+                        start, length, crc = int(self.group_offsets[g]), int(self.group_lengths[g]), 0
+                        self._require(fd, start + length, f"scan group {g}")
+                        for at in range(start, start + length, _PIECE):
+                            crc = zlib.crc32(self._pread(fd, at, min(_PIECE, start + length - at),
+                                                         f"scan group {g}"), crc)
+                        verdict = "ok" if crc == self._crcs[g] else \
                             f"{self.path}: corrupt record: scan group {g} CRC mismatch"
                     except RecordError as exc:
                         verdict = str(exc)

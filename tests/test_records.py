@@ -155,13 +155,20 @@ def _copy(rec: Path, tmp: Path) -> Path:
     return target
 
 
-def test_reader_rejects_damage(written, tmp_path):
+@pytest.mark.parametrize("piece", [None, 3])
+def test_reader_rejects_damage(written, tmp_path, monkeypatch, piece):
+    """``piece``: reads and CRCs in pieces of 3 bytes, as spans over ``_PIECE`` (64 MiB;
+    one pread moves at most about 2 GiB) are: the same bytes and the same verdicts."""
     _, rec, _ = written
     path = _copy(rec, tmp_path)
     good = path.read_bytes()
+    full = [R.RecordFile(path).image(i) for i in range(R.RecordFile(path).images)]
+    if piece is not None:
+        monkeypatch.setattr(R, "_PIECE", piece)
     rf = R.RecordFile(path)
     offsets, lengths = rf.group_offsets.copy(), rf.group_lengths.copy()
-    full = [rf.image(i) for i in range(rf.images)]
+    assert [rf.image(i) for i in range(rf.images)] == full
+    assert rf.read_prefix(None) == full
 
     # A flipped byte in scan group 3: fidelities below 3 still read, 3 and above fail.
     damaged = bytearray(good)
