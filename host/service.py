@@ -109,8 +109,9 @@ class ServiceStats:
         read_seconds: CPU seconds (thread time, kernel included) spent reading inputs
             (files, or the bytes a ``Task.read`` returns): the storage side of the
             host's work, reported apart by the host-cost benchmark (issue 7). A
-            dispatcher adds its reads with each group of completions and when it goes
-            idle (a lock per read cost the host about 1,600 instructions per image).
+            dispatcher times the reads of each group of inputs it takes as one span and
+            adds its reads with each group of completions and when it goes idle (a lock
+            per read cost the host about 1,600 instructions per image).
     """
 
     outcomes: collections.Counter = field(default_factory=collections.Counter)
@@ -259,46 +260,72 @@ class _Dispatcher(threading.Thread):
             if not self.stopping:
                 self._drain_to_cpu(detail)
 
-    def _next(self, block: bool = True):
-        """The next item ``(task, data, width, height, src)`` to submit, or None when
-        nothing is ready; waits for tasks only when ``block`` and no job is in flight.
-        ``src`` is the staging buffer the input was read into (``data`` is a view of it;
-        the item owns it), or None (``data`` is bytes)."""
-        while True:
-            if self.backlog:
-                return self.backlog.popleft()
-            if not self.pending:
-                if self.stopping:
-                    return None
-                if block and not self.inflight:
-                    self._add_reads()         # going idle: the stats are complete
-                try:
-                    got = self.queue.get(block=block and not self.inflight)
-                except queue.Empty:
-                    return None
-                if got is _STOP:
-                    self.stopping = True
-                    return None
-                self.pending.extend(got)
+    def _take(self, room: int) -> list[tuple]:
+        """Up to ``room`` items ``(task, data, width, height, src)`` to submit: the
+        backlog's first, then inputs read and pre-screened from the tasks taken; waits
+        for tasks only when it has no item and no job is in flight. ``src`` is the
+        staging buffer the input was read into (``data`` is a view of it; the item owns
+        it), or None (``data`` is bytes)."""
+        items: list[tuple] = []
+        backlog, pending = self.backlog, self.pending
+        while backlog and len(items) < room:
+            items.append(backlog.popleft())
+        while len(items) < room:
+            if pending:
+                self._read_group(min(room - len(items), len(pending)), items)
                 continue
-            self.reading = None
-            item = self.service._screen(self.pending.popleft(), self._into, self)
+            if self.stopping:
+                break
+            block = not items and not self.inflight
+            if block:
+                self._add_reads()             # going idle: the stats are complete
+            try:
+                got = self.queue.get(block=block)
+            except queue.Empty:
+                break
+            if got is _STOP:
+                self.stopping = True
+                break
+            pending.extend(got)
+        return items
+
+    def _read_group(self, n: int, items: list[tuple]) -> None:
+        """Read the next ``n`` pending inputs, then pre-screen each; those for the device
+        go to ``items``. The reads are timed as one span: a thread-CPU clock read is a
+        system call (about 0.4 us on the build machine), and two per input were a
+        twentieth of the host's cost per image (issue 7)."""
+        service, pending, into = self.service, self.pending, self._into
+        read = []
+        start = time.thread_time()
+        try:
+            for _ in range(n):
+                task = pending[0]             # popped once read: an exit in the read leaves it pending
+                self.reading = None
+                try:
+                    data, st = service._read_input(task, into)
+                except Exception as exc:  # never lose a task to a fault
+                    data, st = None, exc
+                read.append((pending.popleft(), data, st, self.reading))
+        finally:
+            self.read_seconds += time.thread_time() - start
+        staging = self.staging
+        for task, data, st, src in read:
+            if data is None:
+                service._error(task, st, "pre-screen")
+                item = None
+            else:
+                item = service._screen(task, data, st, src)
             if item is not None:
-                return (*item, self.reading)
-            if self.reading is not None:      # gone to the CPU (its bytes copied) or failed
-                self.staging.append(self.reading)
+                items.append(item)
+            elif src is not None:             # gone to the CPU (its bytes copied) or failed
+                staging.append(src)
 
     def _loop(self) -> None:
         from .device import DeviceError
 
         refused = 0                           # submissions refused while nothing was in flight
         while not (self.stopping and not self.inflight and not self.backlog and not self.pending):
-            items = []
-            while len(self.inflight) + len(items) < self.limit:
-                item = self._next(block=not items)
-                if item is None:
-                    break
-                items.append(item)
+            items = self._take(self.limit - len(self.inflight))
             if items:
                 rest = self._submit(items)
                 self.current = None
@@ -325,7 +352,7 @@ class _Dispatcher(threading.Thread):
                     self._abandon("device reset: every lane waits on memory transactions its watchdog gave up")
 
     def _submit(self, items: list[tuple]) -> list[tuple]:
-        """Stage items (:meth:`_next`) and queue their jobs in one register sequence.
+        """Stage items (:meth:`_take`) and queue their jobs in one register sequence.
         Returns the items the job FIFO did not take (the last ones, in order; they keep
         their staging buffers and go back to the backlog). An item whose output buffer
         finds no room in the device's memory goes to the CPU (reason ``device-memory``)."""
@@ -619,28 +646,29 @@ class DecodeService:
             depths[f"device{d.number}"] = d.queue.qsize()
         return depths
 
-    def _read(self, task: Task, into: Callable[[int], Any] | None = None, dispatcher: _Dispatcher | None = None
-              ) -> tuple[bytes | memoryview, os.stat_result | None]:
-        """The input's bytes and its file's status (None for a ``task.read`` input); the
-        CPU time it takes is added to :attr:`ServiceStats.read_seconds` (through
-        ``dispatcher``'s own count when a dispatcher reads). ``into`` as for
-        :func:`~dlbooster.backends.read_file` (files only).
+    def _read(self, task: Task) -> tuple[bytes | memoryview, os.stat_result | None]:
+        """On a CPU worker: the input's bytes and its file's status (None for a
+        ``task.read`` input); the CPU time it takes is added to
+        :attr:`ServiceStats.read_seconds` (a dispatcher times its reads itself).
 
         Raises:
             DecodeError: unreadable (reason ``unreadable``) or empty (``undecodable``).
         """
         start = time.thread_time()
         try:
-            return self._read_input(task, into)
+            return self._read_input(task)
         finally:
             elapsed = time.thread_time() - start
-            if dispatcher is not None:
-                dispatcher.read_seconds += elapsed   # its thread's own count: no lock
-            else:
-                with self._lock:
-                    self.stats.read_seconds += elapsed
+            with self._lock:
+                self.stats.read_seconds += elapsed
 
     def _read_input(self, task: Task, into=None) -> tuple[bytes | memoryview, os.stat_result | None]:
+        """The input's bytes and its file's status, as :meth:`_read` (untimed). ``into``
+        as for :func:`~dlbooster.backends.read_file` (files only).
+
+        Raises:
+            DecodeError: unreadable (reason ``unreadable``) or empty (``undecodable``).
+        """
         if task.read is not None:
             try:
                 data = task.read()
@@ -654,21 +682,19 @@ class DecodeService:
             raise DecodeError("undecodable", "empty file", task.path)
         return data, st
 
-    def _screen(self, task: Task, into: Callable[[int], Any] | None, dispatcher: _Dispatcher):
-        """On a dispatcher: read and pre-screen one input. Returns ``(task, data, width,
-        height)`` for the device, or None when the task went to the CPU or ended.
+    def _screen(self, task: Task, data: bytes | memoryview, st: os.stat_result | None, src):
+        """On a dispatcher: pre-screen one input it has read (``data``, ``st`` as
+        :meth:`_read` returns them; ``src``: the staging buffer ``data`` views, or None).
+        Returns the item ``(task, data, width, height, src)`` for the device, or None when
+        the task went to the CPU or ended.
 
         The pre-screen's verdict is kept per file, so later epochs skip the header parse.
         It is keyed by the file's identity: device, inode, size, and modification and
         status-change times. The status-change time matters because ``cp -p``,
         ``rsync -t`` or ``tar`` can give new contents the old size and modification time,
-        and a stale verdict would send a file Pillow refuses to the device. ``into`` as for
-        :func:`~dlbooster.backends.read_file` (files only): ``data`` may then be a view
-        of the caller's buffer. ``dispatcher``: the one reading, which counts its read
-        time itself (see :attr:`ServiceStats.read_seconds`).
+        and a stale verdict would send a file Pillow refuses to the device.
         """
         try:
-            data, st = self._read(task, into, dispatcher)
             key = (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns) if st is not None else None
             cached = self._screens.get(task.path) if key is not None else None
             if cached is None or cached[0] != key:
@@ -683,7 +709,7 @@ class DecodeService:
             if reason is not None:
                 self._to_cpu(task, data, reason, "host pre-screen")
                 return None
-            return task, data, width, height
+            return task, data, width, height, src
         except Exception as exc:  # never lose a task to a fault
             self._error(task, exc, "pre-screen")
         return None
