@@ -178,7 +178,8 @@ class Loader:
             decodes, and each batch's assembly and copy.
 
     Raises:
-        ValueError: bad policy, sizes, fidelity or label; TypeError: a batch size that is
+        ValueError: bad policy, sizes, fidelity or label, or a CUDA ``device`` where
+            PyTorch sees none; TypeError: a batch size that is
             not an integer, or a bad source; FileNotFoundError: a missing source;
         dlbooster.records.RecordError: a corrupt record file.
     """
@@ -218,6 +219,10 @@ class Loader:
         self.sampler = ShardSampler(len(self.samples), seed=seed, shuffle=shuffle, drop_last=drop_last,
                                     rank=rank, world_size=world_size)
         self.device = torch.device(device)
+        if self.device.type == "cuda" and not torch.cuda.is_available():
+            # Checked here: otherwise the pinned batch pool fails deep inside torch.
+            raise ValueError(f"device={device!r}, but this PyTorch sees no CUDA device (no GPU, or a CPU-only "
+                             f"build): use device='cpu'")
         self.transform, self.on_error, self.replace = transform, on_error, replace
         self.progress = progress and self.sampler.rank == 0
         self.service = DecodeService(backend, cpu_workers=cpu_workers, **(backend_options or {}))

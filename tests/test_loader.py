@@ -420,6 +420,13 @@ def test_bad_policy_arguments():
         make_loader([("x.jpg", 2**63)], 1)
 
 
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks a machine without CUDA")
+def test_a_cuda_device_without_cuda_is_named_at_construction():
+    """Not a RuntimeError from deep inside torch's pinned allocation."""
+    with pytest.raises(ValueError, match="sees no CUDA device .*use device='cpu'"):
+        make_loader([("x.jpg", 0)], 1, device="cuda")
+
+
 # ---------------------------------------------------------------------------------
 # 3. Sharding: DistributedSampler + DataLoader, index for index
 
