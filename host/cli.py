@@ -212,8 +212,19 @@ def _cmd_board_build(args: argparse.Namespace) -> int:
     if not args.out:
         print("dlbooster build: --board needs --out DIR", file=sys.stderr)
         return 2
+    if args.verilog:
+        print("dlbooster build: --verilog is for the device alone; a board folder holds its Verilog",
+              file=sys.stderr)
+        return 2
+    if Path(args.out).exists() and not Path(args.out).is_dir():     # before the minute of elaboration
+        print(f"dlbooster build: {args.out} exists and is not a folder", file=sys.stderr)
+        return 2
     board = BOARDS[args.board]
-    written = write_board_build(args.board, args.out, lanes=args.lanes, max_width=args.max_width)
+    try:
+        written = write_board_build(args.board, args.out, lanes=args.lanes, max_width=args.max_width)
+    except OSError as exc:
+        print(f"dlbooster build: {exc}", file=sys.stderr)
+        return 1
     print(f"{args.out}: {board.name} ({board.part}), {args.lanes} lane(s), {args.max_width}-pixel line buffers, "
           f"{board.data_width}-bit AXI4 master; " + ", ".join(p.name for p in written))
     print(f"next: see {Path(args.out) / 'README.md'}")
@@ -222,7 +233,8 @@ def _cmd_board_build(args: argparse.Namespace) -> int:
     problems = check_board_build(args.out, args.board)
     for line in problems:
         print(f"problem: {line}")
-    print("checks (ports, verilator lint, Tcl dry run, kernel.xml, link.cfg): "
+    checked = "Tcl dry run" if board.kind == "pynq" else "Tcl dry run, kernel.xml, link.cfg"
+    print(f"checks (ports, verilator lint, {checked}): "
           + ("all passed" if not problems else f"{len(problems)} problem(s)"))
     return 1 if problems else 0
 
@@ -236,12 +248,22 @@ def _cmd_build(args: argparse.Namespace) -> int:
     if not args.verilog:
         print("dlbooster build: give --verilog OUT.v or --board BOARD --out DIR", file=sys.stderr)
         return 2
+    if args.check or args.out:
+        print("dlbooster build: --out and --check go with --board (--lint checks the Verilog)", file=sys.stderr)
+        return 2
     out = Path(args.verilog)
     if not out.parent.is_dir():           # before the minute of elaboration
         print(f"dlbooster build: {out.parent} is not a folder", file=sys.stderr)
         return 2
+    if out.is_dir():
+        print(f"dlbooster build: {out} is a folder; give a file name (OUT.v)", file=sys.stderr)
+        return 2
     device = Device(lanes=args.lanes, max_width=args.max_width, data_width=args.data_width)
-    out.write_text(export_verilog(device, "dlbooster_decoder"))
+    try:
+        out.write_text(export_verilog(device, "dlbooster_decoder"))
+    except OSError as exc:
+        print(f"dlbooster build: {exc}", file=sys.stderr)
+        return 1
     print(f"{out}: module dlbooster_decoder, {args.lanes} lane(s), {args.max_width}-pixel line buffers, "
           f"{args.data_width}-bit AXI4 master m_axi_gmem, AXI4-Lite s_axi_control, ap_clk/ap_rst_n, interrupt")
     if not args.lint:
@@ -687,7 +709,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--board", choices=sorted(BOARDS), help="write a board build folder (with --out)")
     p.add_argument("--out", metavar="DIR", help="the board build folder")
     p.add_argument("--check", action="store_true",
-                   help="with --board: validate the folder (ports, lint, Tcl dry run, kernel.xml)")
+                   help="with --board: validate the folder (ports, lint, Tcl dry run; Alveo: kernel.xml, "
+                        "link.cfg)")
     p.add_argument("--lanes", type=_lanes, default=1, help="decoder lanes")
     p.add_argument("--max-width", type=_positive, default=DEFAULT_MAX_WIDTH, help="widest image (pixels)")
     p.add_argument("--data-width", type=int, choices=(64, 128, 256, 512), default=128,

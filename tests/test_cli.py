@@ -191,7 +191,11 @@ def test_folders_linked_in_are_walked_once_and_empty_arguments_reported(folder, 
 
 
 def test_bad_usage_exits_2(tmp_path):
-    for argv in (["decode"], ["decode", "--backend", "nope", "x.jpg"], ["frobnicate"],
+    (tmp_path / "a-file").write_bytes(b"")
+    for argv in (["build", "--verilog", str(tmp_path)], ["build", "--verilog", str(tmp_path / "x.v"), "--check"],
+                 ["build", "--board", "pynq-z2", "--out", str(tmp_path / "a-file")],
+                 ["build", "--board", "pynq-z2", "--out", str(tmp_path / "b"), "--verilog", str(tmp_path / "x.v")],
+                 ["decode"], ["decode", "--backend", "nope", "x.jpg"], ["frobnicate"],
                  ["decode", "--backend", "sim", "--lanes", "0", "x.jpg"], ["decode", "--max-width", "-1", "x.jpg"],
                  ["predict", "--model", "resnet18", "--batch-size", "-4"], ["predict", "--gpus", "0"],
                  ["predict", "--nodes", "0"], ["predict", "--image-size", "0"], ["train", "--batch-size", "0"],
