@@ -19,7 +19,9 @@ from __future__ import annotations
 import ctypes
 import hashlib
 import json
+import logging
 import os
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -30,6 +32,7 @@ from .flow import (SPEED_CONFIG, VERILATOR_FLAGS, build_verilated, cache_root, e
 
 __all__ = ["SimTransport", "SimBuffer", "build_device_library", "PortBehaviour"]
 
+log = logging.getLogger(__name__)
 _CPP = Path(__file__).parent / "cpp" / "device_lib.cpp"
 TOP = "dlbooster_decoder"
 PAGE = 4096
@@ -77,6 +80,11 @@ def build_device_library(lanes: int = 1, max_width: int = 8192, data_width: int 
         return Path(index.read_text())
     from dlbooster.hw.device import Device
 
+    # A warning, so that it shows by default: minutes of silence look like a hang.
+    log.warning("building the simulated decoder device (%d lane(s), %d-pixel line buffers): elaboration, "
+                "Yosys, Verilator and the C++ compiler take a few minutes, once; it is cached in %s",
+                lanes, max_width, root)
+    start = time.monotonic()
     lib = build_verilated(export_flat_verilog(Device(**params), TOP), TOP, _CPP, _FLAGS, folder=root,
                           name=TOP, output="libdlbdevice.so",
                           sources=[_CPP.read_text(), SPEED_CONFIG.read_text()])
@@ -84,6 +92,7 @@ def build_device_library(lanes: int = 1, max_width: int = 8192, data_width: int 
     partial = index.with_name(f"{index.name}.{os.getpid()}")
     partial.write_text(str(lib))
     os.replace(partial, index)
+    log.info("simulated decoder device ready after %.0f s: %s", time.monotonic() - start, lib)
     return lib
 
 

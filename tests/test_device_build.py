@@ -112,3 +112,28 @@ def test_a_device_outside_its_register_fields_is_refused():
         with pytest.raises(ValueError, match=message):
             Device(**kwargs)
     assert Device(lanes=32).id_width == 5
+
+
+def test_a_device_build_says_so_before_its_minutes_of_silence(tmp_path, monkeypatch, caplog):
+    """A cache miss warns (shown by default) that the build takes minutes and where it is
+    cached; a hit says nothing. The build itself is replaced here: the device tests run
+    the real one."""
+    import logging
+
+    import dlbooster.sim.device as simdev
+
+    product = tmp_path / "libdlbdevice.so"
+    product.write_bytes(b"")
+    monkeypatch.setenv("DLBOOSTER_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setattr(simdev, "export_flat_verilog", lambda device, top: "")
+    builds = []
+    monkeypatch.setattr(simdev, "build_verilated", lambda *a, **kw: builds.append(kw) or product)
+    with caplog.at_level(logging.INFO, logger="dlbooster.sim.device"):
+        assert simdev.build_device_library(lanes=2, max_width=64) == product
+    assert len(builds) == 1
+    (warning,) = [r for r in caplog.records if r.levelno == logging.WARNING]
+    assert "building the simulated decoder device (2 lane(s), 64-pixel line buffers)" in warning.getMessage()
+    assert str(tmp_path / "cache" / "device") in warning.getMessage()
+    caplog.clear()
+    assert simdev.build_device_library(lanes=2, max_width=64) == product     # the index finds it
+    assert len(builds) == 1 and not caplog.records
