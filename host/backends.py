@@ -326,13 +326,15 @@ def get_backend(name: str = "auto", **options: Any):
     Args:
         name: one of :data:`BACKENDS`. ``auto`` opens the board named by the
             ``DLBOOSTER_BOARD`` and ``DLBOOSTER_BINARY`` environment variables when both are
-            set, else takes ``cpu``, and logs its choice; ``pynq``/``xrt`` need
-            ``board=`` and ``binary=`` options (:class:`BoardBackend`).
+            set, else takes ``cpu``, and logs its choice (a warning when only one of
+            them is set); ``pynq``/``xrt`` need ``board=`` and ``binary=`` options
+            (:class:`BoardBackend`); ``xrt`` drives Alveo boards only, ``pynq`` either kind.
         options: backend options (``max_width`` for ``model``; ``lanes`` and
             ``max_width`` for ``sim``).
 
     Raises:
-        ValueError: unknown name.
+        ValueError: unknown name, a board backend without a board and binary, or
+            ``xrt`` with a Zynq board.
     """
     if name == "auto":
         board, binary = os.environ.get("DLBOOSTER_BOARD"), os.environ.get("DLBOOSTER_BINARY")
@@ -341,16 +343,28 @@ def get_backend(name: str = "auto", **options: Any):
             log.info("backend auto: %s board %s with %s", backend.name, board, binary)
             return backend
         if not _logged_auto:
-            log.info("backend auto: no decoder board configured (DLBOOSTER_BOARD, DLBOOSTER_BINARY), "
-                     "using cpu")
+            if board or binary:               # half a configuration is a mistake worth showing
+                log.warning("backend auto: %s is set but %s is not, using cpu",
+                            *(("DLBOOSTER_BOARD", "DLBOOSTER_BINARY") if board else
+                              ("DLBOOSTER_BINARY", "DLBOOSTER_BOARD")))
+            else:
+                log.info("backend auto: no decoder board configured (DLBOOSTER_BOARD, DLBOOSTER_BINARY), "
+                         "using cpu")
             _logged_auto.append(True)
         return CpuBackend()
     if name in ("pynq", "xrt"):
+        from .hw.boards import BOARDS
+
         board = options.get("board") or os.environ.get("DLBOOSTER_BOARD")
         binary = options.get("binary") or os.environ.get("DLBOOSTER_BINARY")
         if not (board and binary):
-            raise ValueError(f"backend {name} needs board= and binary= options, or the DLBOOSTER_BOARD "
-                             "and DLBOOSTER_BINARY environment variables")
+            raise ValueError(f"backend {name} needs a board and its binary: board= and binary= (the command "
+                             "line's --board and --binary), or the DLBOOSTER_BOARD and DLBOOSTER_BINARY "
+                             "environment variables")
+        if name == "xrt" and board in BOARDS and BOARDS[board].kind != "alveo":
+            alveo = ", ".join(b for b, spec in BOARDS.items() if spec.kind == "alveo")
+            raise ValueError(f"backend xrt drives Alveo boards ({alveo}); {board} is a Zynq board: use "
+                             "backend pynq")
         return BoardBackend(board, binary)
     if name == "cpu":
         return CpuBackend()

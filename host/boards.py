@@ -292,7 +292,13 @@ def open_board(board: str, binary: str | Path) -> DecoderDevice:
     if not binary.is_file():
         raise BoardError(f"{binary}: no such file")
     spec = BOARDS[board]
-    if spec.kind == "alveo" and binary.suffix == ".xclbin":
+    if spec.kind == "alveo" and binary.suffix != ".xclbin":
+        raise BoardError(f"{board} loads an .xclbin (v++ links one from `dlbooster build --board {board}`), "
+                         f"not {binary.name}")
+    if spec.kind == "pynq" and binary.suffix == ".xclbin":
+        raise BoardError(f"{board} loads a .bit with its .hwh beside it (`dlbooster build --board {board}`), "
+                         f"not {binary.name}")
+    if spec.kind == "alveo":
         try:
             transport = XrtTransport(binary, clock_hz=spec.clock_mhz * 1e6)
         except BoardError as exc:
@@ -303,7 +309,7 @@ def open_board(board: str, binary: str | Path) -> DecoderDevice:
             except BoardError as pynq_exc:
                 raise BoardError(f"{exc}; {pynq_exc}") from pynq_exc
     else:
-        if binary.suffix == ".bit" and not binary.with_suffix(".hwh").is_file():
+        if not binary.with_suffix(".hwh").is_file():
             raise BoardError(f"{binary.with_suffix('.hwh')} is missing: PYNQ needs it beside the .bit")
         transport = _pynq_transport(binary, spec)
     device = DecoderDevice(transport)

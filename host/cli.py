@@ -676,6 +676,7 @@ def _cmd_train(args: argparse.Namespace) -> int:
 
 def _parser() -> argparse.ArgumentParser:
     from .backends import BACKENDS
+    from .hw.boards import BOARDS
     from .jpeg import DEFAULT_MAX_WIDTH
 
     parser = argparse.ArgumentParser(prog="dlbooster", description=__doc__.split("\n")[0])
@@ -690,7 +691,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--max-width", type=_positive, default=DEFAULT_MAX_WIDTH,
                    help="line-buffer width of the modelled lane or the simulated device (pixels)")
     p.add_argument("--lanes", type=_lanes, default=1, help="decoder lanes of the simulated device (sim)")
-    p.add_argument("--board", help="pynq/xrt: the board (default $DLBOOSTER_BOARD)")
+    p.add_argument("--board", choices=sorted(BOARDS), help="pynq/xrt: the board (default $DLBOOSTER_BOARD)")
     p.add_argument("--binary", metavar="BIT_OR_XCLBIN", help="pynq/xrt: its bitstream or xclbin "
                                                               "(default $DLBOOSTER_BINARY)")
     p.add_argument("--out", metavar="DIR", help="write one lossless PNG per input")
@@ -698,8 +699,6 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--verify", action="store_true",
                    help="also decode with Pillow and count inputs whose result differs")
     p.set_defaults(func=_cmd_decode)
-
-    from .hw.boards import BOARDS
 
     p = sub.add_parser("build", help="export the decoder device's Verilog, or a board build folder",
                        description="Write the Verilog of the decoder device top (hw/device.py), or with "

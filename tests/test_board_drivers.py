@@ -5,9 +5,11 @@ DecoderDevice's, tested against the simulated device (tests/test_device_sim.py).
 from __future__ import annotations
 
 import importlib.util
+import logging
 
 import pytest
 
+from dlbooster import backends
 from dlbooster.backends import get_backend
 from dlbooster.boards import BoardError, decoder_ip_class, find_boards, open_board
 from dlbooster.cli import main
@@ -25,6 +27,12 @@ def test_bad_board_and_missing_files(tmp_path):
     (tmp_path / "x.bit").write_bytes(b"\0")
     with pytest.raises(BoardError, match=r"x\.hwh is missing"):
         open_board("pynq-z2", tmp_path / "x.bit")
+    (tmp_path / "x.xclbin").write_bytes(b"\0")
+    # A binary for the other kind of board is named before any driver library is tried.
+    with pytest.raises(BoardError, match=r"alveo-u50 loads an \.xclbin .* not x\.bit"):
+        open_board("alveo-u50", tmp_path / "x.bit")
+    with pytest.raises(BoardError, match=r"pynq-z2 loads a \.bit with its \.hwh .* not x\.xclbin"):
+        open_board("pynq-z2", tmp_path / "x.xclbin")
 
 
 @no_drivers
@@ -41,13 +49,20 @@ def test_no_driver_library(tmp_path):
     assert find_boards() == []
 
 
-def test_board_backends_need_a_board_and_binary(monkeypatch, tmp_path):
+def test_board_backends_need_a_board_and_binary(monkeypatch, tmp_path, caplog):
     monkeypatch.delenv("DLBOOSTER_BOARD", raising=False)
     monkeypatch.delenv("DLBOOSTER_BINARY", raising=False)
-    with pytest.raises(ValueError, match="needs board= and binary="):
+    with pytest.raises(ValueError, match="needs a board and its binary: board= and binary= .*--board and --binary"):
         get_backend("pynq")
+    with pytest.raises(ValueError, match="backend xrt drives Alveo boards .*pynq-z2 is a Zynq board"):
+        get_backend("xrt", board="pynq-z2", binary=str(tmp_path / "x.bit"))
     assert get_backend("auto").name == "cpu"
     monkeypatch.setenv("DLBOOSTER_BOARD", "alveo-u50")
+    monkeypatch.setattr(backends, "_logged_auto", [])
+    with caplog.at_level(logging.INFO, logger="dlbooster.backends"):
+        assert get_backend("auto").name == "cpu"      # half configured: a warning says so
+    assert [(r.levelno, r.getMessage()) for r in caplog.records] == [
+        (logging.WARNING, "backend auto: DLBOOSTER_BOARD is set but DLBOOSTER_BINARY is not, using cpu")]
     monkeypatch.setenv("DLBOOSTER_BINARY", str(tmp_path / "missing.xclbin"))
     with pytest.raises(BoardError, match="no such file"):
         get_backend("auto")

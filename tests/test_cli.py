@@ -194,6 +194,8 @@ def test_bad_usage_exits_2(tmp_path):
     (tmp_path / "a-file").write_bytes(b"")
     for argv in (["build", "--verilog", str(tmp_path)], ["build", "--verilog", str(tmp_path / "x.v"), "--check"],
                  ["build", "--board", "pynq-z2", "--out", str(tmp_path / "a-file")],
+                 ["decode", "--backend", "pynq", "--board", "bogus", "--binary", "x.bit", "x.jpg"],
+                 ["decode", "--backend", "xrt", "--board", "pynq-z2", "--binary", "x.bit", "x.jpg"],
                  ["build", "--board", "pynq-z2", "--out", str(tmp_path / "b"), "--verilog", str(tmp_path / "x.v")],
                  ["decode"], ["decode", "--backend", "nope", "x.jpg"], ["frobnicate"],
                  ["decode", "--backend", "sim", "--lanes", "0", "x.jpg"], ["decode", "--max-width", "-1", "x.jpg"],
