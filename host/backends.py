@@ -396,7 +396,7 @@ class DecodeResult:
     backend: str | None
     reason: str | None
     detail: str = ""
-    image: np.ndarray | None = None
+    image: np.ndarray | None = field(default=None, repr=False)
     extra: dict[str, Any] = field(default_factory=dict)
 
     @property

@@ -577,7 +577,8 @@ def _cmd_records(args: argparse.Namespace) -> int:
                       f"({report.record_bytes / max(report.source_bytes, 1):.3f} of the sources' "
                       f"{report.source_bytes:,}); {len(report.skipped)} skipped")
                 for path, reason in report.skipped:
-                    print(f"  skipped {path}: {reason}")
+                    # A reason names its input already ("PATH: jpegtran failed: ...").
+                    print(f"  skipped {reason}" if reason.startswith(f"{path}: ") else f"  skipped {path}: {reason}")
         if args.json:
             print(json.dumps(reports, indent=1))
         return 1 if any(r["skipped"] for r in reports.values()) else 0

@@ -609,6 +609,8 @@ class RecordSet:
 
     def __init__(self, root: str | os.PathLike):
         self.root = os.fspath(root)
+        if not os.path.isdir(self.root):
+            raise FileNotFoundError(f"{self.root}: no such folder")
         paths = sorted(Path(self.root).glob("*" + SUFFIX))
         if not paths:
             raise FileNotFoundError(f"{self.root}: no record files (*{SUFFIX})")

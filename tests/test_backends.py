@@ -352,6 +352,8 @@ def test_decode_result_ok_model():
     assert js["symbols"] == result.extra["symbols"]
     assert js["status"] == "ok" and js["backend"] == "model" and js["reason"] is None
     assert (js["width"], js["height"]) == (50, 30)
+    # The printed result is a summary line, not 4,500 pixel values.
+    assert repr(result).startswith("DecodeResult(path='<bytes>', status='ok'") and "image" not in repr(result)
 
 
 def test_decode_result_ok_cpu():

@@ -241,7 +241,7 @@ def test_board_backends_that_cannot_open_give_one_line(folder):
     """A board backend without its board and binary is a usage error (2); a named board
     that cannot be opened fails the command (1); neither prints a traceback."""
     photo = str(folder / "a.jpg")
-    cases = [(["--backend", "pynq"], {}, 2, "needs board= and binary="),
+    cases = [(["--backend", "pynq"], {}, 2, "needs a board and its binary: board= and binary="),
              (["--backend", "xrt", "--board", "alveo-u50", "--binary", str(folder / "none.xclbin")], {}, 1,
               "none.xclbin: no such file"),
              ([], {"DLBOOSTER_BOARD": "pynq-z2", "DLBOOSTER_BINARY": str(folder / "none.bit")}, 1,

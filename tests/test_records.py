@@ -440,6 +440,13 @@ def test_cli_write_info_and_train(tmp_path):
     reports = json.loads(out)
     assert {Path(k).name for k in reports} == {"train", "val"}
     assert reports[str(tmp_path / "rec" / "train")]["images"] == 6
+    bad = tmp_path / "bad" / "c"
+    bad.mkdir(parents=True)
+    (bad / "0.jpg").write_bytes(make_jpeg(16, 16))
+    (bad / "1.jpg").write_bytes(b"\xff\xd8 not a JPEG")
+    code, out, err = _cli("records", "write", str(tmp_path / "bad"), str(tmp_path / "rec-bad"))
+    (line,) = [line for line in out.splitlines() if "skipped " in line and "1.jpg" in line]
+    assert code == 1 and line.count("1.jpg") == 1, out       # the path once, then why
     code, out, err = _cli("records", "info", str(tmp_path / "rec" / "train"), "--json", "--sample", "3")
     assert code == 0, err
     result = json.loads(out)
@@ -453,6 +460,8 @@ def test_cli_write_info_and_train(tmp_path):
     assert code == 2 and "already holds record files" in err
     code, _, err = _cli("records", "info", str(tmp_path))
     assert code == 2 and "no record files" in err
+    code, _, err = _cli("records", "info", str(tmp_path / "nowhere"))
+    assert code == 2 and f"{tmp_path / 'nowhere'}: no such folder" in err
     # The folder holding train/ and val/ record sets is not an ImageFolder: the Loader says so.
     from dlbooster import Loader
 
