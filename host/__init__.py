@@ -11,9 +11,16 @@ the PyTorch loader :class:`Loader` (:mod:`dlbooster.loader`). PyTorch is importe
 when a loader is built.
 """
 
+from importlib import metadata as _metadata
+
 from .backends import BACKENDS, DecodeResult, decode, decode_result, decode_results, get_backend
 from .errors import DecodeError, DlboosterError, FallbackError, Malformed, Unsupported
 from .loader import Batch, Loader
+
+try:
+    __version__ = _metadata.version("dlbooster")
+except _metadata.PackageNotFoundError:      # imported from a source tree that is not installed
+    __version__ = "unknown"
 
 __all__ = [
     "BACKENDS",
@@ -25,6 +32,7 @@ __all__ = [
     "Loader",
     "Malformed",
     "Unsupported",
+    "__version__",
     "decode",
     "decode_result",
     "decode_results",

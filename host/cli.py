@@ -678,10 +678,12 @@ def _cmd_train(args: argparse.Namespace) -> int:
 def _parser() -> argparse.ArgumentParser:
     from .backends import BACKENDS
     from .hw.boards import BOARDS
+    from . import __version__
     from .jpeg import DEFAULT_MAX_WIDTH
 
     parser = argparse.ArgumentParser(prog="dlbooster", description=__doc__.split("\n")[0])
     parser.add_argument("-v", "--verbose", action="store_true", help="log backend choices")
+    parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
 
     p = sub.add_parser("decode", help="decode JPEG files to RGB",

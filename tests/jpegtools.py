@@ -517,9 +517,10 @@ def rescan(data: bytes, info, coefficients, groups, restart_interval: int = 0) -
 
 
 # ---------------------------------------------------------------------------------
-# Corpus (read in place from ../shared/corpus; never copied into the repository)
+# Corpus (read in place from $DLBOOSTER_CORPUS, else ../shared/corpus beside the checkout, as
+# the command line finds it; never copied into the repository)
 
-CORPUS_DIR = Path(__file__).resolve().parents[2] / "shared" / "corpus"
+CORPUS_DIR = Path(os.environ.get("DLBOOSTER_CORPUS") or Path(__file__).resolve().parents[2] / "shared" / "corpus")
 
 
 def corpus_available() -> bool:

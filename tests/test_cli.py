@@ -307,3 +307,17 @@ def test_bench_decode_table(folder, tmp_path, capsys):
     assert rows["pillow"]["images"] == 2 and rows["cpu"]["images"] == 2
     assert rows["model"]["images"] == 1 and rows["model"]["declined"] == 1
     assert all(r["images_per_s"] > 0 for r in rows.values())
+
+
+def test_version_and_python_dash_m():
+    """`python -m dlbooster --version` names the installed distribution's version, as
+    `dlbooster --version` and `dlbooster.__version__` do."""
+    from importlib import metadata
+
+    import dlbooster
+
+    assert dlbooster.__version__ == metadata.version("dlbooster") != "unknown"
+    done = subprocess.run([sys.executable, "-m", "dlbooster", "--version"], capture_output=True, text=True)
+    assert done.returncode == 0 and done.stdout == f"dlbooster {dlbooster.__version__}\n", done
+    done = subprocess.run([sys.executable, "-m", "dlbooster", "decode"], capture_output=True, text=True)
+    assert done.returncode == 2 and "the following arguments are required: PATH" in done.stderr
