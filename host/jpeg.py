@@ -18,7 +18,9 @@ Reason codes returned by :func:`classify` (also as :data:`REASONS`):
 ``color-transform``, ``sampling``, ``non-interleaved``, ``multi-scan``, ``dnl``,
 ``missing-table``, ``bad-table``, ``width``, ``too-large``, ``after-scan``, ``mpo`` (an
 APP2 MPF segment: Pillow opens the file as a multi-picture object), ``junk`` (bytes
-between marker segments: corrupt data that libjpeg-turbo skips with a warning).
+between marker segments: corrupt data that libjpeg-turbo skips with a warning),
+``input-size`` (4 GiB of input or more: the device's 32-bit ``JOB_IN_LEN`` register,
+docs/device.md, cannot hold its length).
 """
 
 from __future__ import annotations
@@ -63,7 +65,7 @@ REASONS = frozenset({
     "not-jpeg", "malformed-header", "no-frame", "no-scan", "hierarchical", "lossless",
     "arithmetic", "progressive", "precision", "components", "color-transform", "sampling",
     "non-interleaved", "multi-scan", "dnl", "missing-table", "bad-table", "width",
-    "too-large", "after-scan", "mpo", "junk",
+    "too-large", "after-scan", "mpo", "junk", "input-size",
 })
 
 #: Default line-buffer width of a decoder lane, in pixels.
@@ -644,6 +646,8 @@ def classify(
         return "after-scan"
     if frame.width > max_width:
         return "width"
+    if info.size >> 32:
+        return "input-size"
     if max_pixels == -1:
         max_pixels = pillow_max_pixels()
     if max_pixels is not None and frame.width * frame.height > max_pixels:
@@ -654,8 +658,9 @@ def classify(
 
 
 #: :func:`classify` reasons the gateware does not look for: Pillow's behaviour, not the
-#: format's (MPO files, junk between segments, Pillow's pixel limit).
-HOST_ONLY_REASONS = frozenset({"mpo", "junk", "too-large"})
+#: format's (MPO files, junk between segments, Pillow's pixel limit), or that no job can
+#: carry (an input length beyond the 32-bit register).
+HOST_ONLY_REASONS = frozenset({"mpo", "junk", "too-large", "input-size"})
 
 
 def host_prescreen(info: JpegInfo, *, max_width: int = DEFAULT_MAX_WIDTH) -> str | None:

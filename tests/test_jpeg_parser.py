@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import io
 import struct
 import warnings
@@ -231,6 +232,10 @@ def test_classify_width_and_size_limits():
     info = jpeg.parse(data)
     assert jpeg.classify(info, max_width=49) == "width"
     assert jpeg.classify(info, max_pixels=1499) == "too-large"
+    # An input of 4 GiB or more (here: the header of one that long) cannot be a device job.
+    for size, want in [((1 << 32) - 1, None), (1 << 32, "input-size")]:
+        huge = dataclasses.replace(jpeg.parse(data, headers_only=True), size=size)
+        assert jpeg.classify(huge) == jpeg.host_prescreen(huge) == want
     result = backends.decode_result(data, backends.ModelBackend(max_width=49))
     assert result.status == "fallback" and result.reason == "width"
     assert_result_matches_pillow(result, data)
