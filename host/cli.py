@@ -484,11 +484,14 @@ def _cmd_predict(args: argparse.Namespace) -> int:
     rows = [[k.replace("_", " "), ms(v)] for k, v in result["stages"].items()]
     rows += [[k.replace("_", " "), ms(b[k])] for k in ("forward", "input_gradient", "weight_gradient",
                                                         "backward_other", "optimizer", "allreduce",
-                                                        "allreduce_exposed", "page_faults")]
+                                                        "allreduce_exposed", "page_faults")
+             if k != "page_faults" or b[k]]
     print(_table(["stage", "time"], rows))
+    # Fresh mappings cost page faults on a CPU; a GPU's caching allocator reuses its memory.
+    fresh = (f", {b['fresh_bytes'] / 2**20:,.1f} MiB allocated afresh (page faults, counted in the stages "
+             f"above)" if b["page_faults"] else "")
     print(f"work: {b['forward_gflop']:,.1f} GFLOP forward, {b['backward_gflop']:,.1f} GFLOP backward, "
-          f"{b['gradient_bytes'] / 2**20:,.1f} MiB of gradients, {b['fresh_bytes'] / 2**20:,.1f} MiB "
-          f"allocated afresh (page faults, counted in the stages above)")
+          f"{b['gradient_bytes'] / 2**20:,.1f} MiB of gradients{fresh}")
     return 0
 
 
