@@ -664,6 +664,11 @@ def _cmd_train(args: argparse.Namespace) -> int:
               f"loss {losses}, val top-1 {top1}, "
               f"host cores {summary['host_cores']:.2f}, world size {summary['world_size']}")
         print(f"decode outcomes: {summary['outcomes']} ({summary['fallbacks']} CPU fallbacks)")
+        choice = summary.get("fidelity_choice")
+        if choice is not None:
+            scores = ", ".join(f"{k}: {v:.3f}" for k, v in choice["scores"].items())
+            print(f"fidelity {choice['fidelity']} chosen: the lowest whose gradients' cosine similarity to full "
+                  f"fidelity's reached {choice['threshold']} ({scores})")
         if summary["untrained"]:
             n = summary["untrained"]
             print(f"{n} decoded image{'s were' if n != 1 else ' was'} not trained on: a batch had a rank with "

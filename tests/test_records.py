@@ -480,6 +480,10 @@ def test_cli_write_info_and_train(tmp_path):
     assert 1 <= summary["fidelity"] <= 10 and summary["fidelity_choice"]["fidelity"] == summary["fidelity"]
     assert summary["steps"] == 2 and summary["val_top1"] is not None
     assert set(summary["outcomes"]) == {"ok"}
+    code, out, err = _cli("train", "--records", str(tmp_path / "rec"), "--fidelity", "auto", "--steps", "1",
+                          "--batch-size", "3", "--image-size", "32")
+    (line,) = [line for line in out.splitlines() if line.startswith("fidelity ")]
+    assert code == 0 and line.startswith(f"fidelity {summary['fidelity']} chosen: ") and "reached 0.9 (1: " in line
     code, _, err = _cli("train", "--fidelity", "2", "--steps", "1")
     assert code == 2 and "--fidelity needs --records" in err
 
