@@ -158,7 +158,12 @@ class PynqTransport:
     def allocate(self, size: int, *, writable: bool = True) -> _PynqBuffer:
         pynq = _pynq()
         options = {"target": self.target} if self.target is not None else {}
-        return _PynqBuffer(pynq.allocate(shape=(size,), dtype=np.uint8, **options))
+        try:
+            return _PynqBuffer(pynq.allocate(shape=(size,), dtype=np.uint8, **options))
+        except RuntimeError as exc:
+            # pynq reports exhausted device memory as RuntimeError("Allocate failed: ...");
+            # the runtime's contract for a full memory is MemoryError.
+            raise MemoryError(f"pynq.allocate of {size:,} bytes: {exc}") from exc
 
     def wait(self, max_clocks: int = 1 << 28) -> bool:
         """Block until the interrupt status register is non-zero, or ``max_clocks``
@@ -240,7 +245,12 @@ class XrtTransport:
         self.kernel.write_register(offset, value & 0xFFFFFFFF)
 
     def allocate(self, size: int, *, writable: bool = True) -> _XrtBuffer:
-        bo = self._pyxrt.bo(self.device, max(size, 4096), self._pyxrt.bo.normal, self.group)
+        try:
+            bo = self._pyxrt.bo(self.device, max(size, 4096), self._pyxrt.bo.normal, self.group)
+        except RuntimeError as exc:
+            # XRT's failed buffer allocation is a C++ system_error, a RuntimeError here; the
+            # runtime's contract for a full memory is MemoryError.
+            raise MemoryError(f"xrt.bo of {size:,} bytes: {exc}") from exc
         return _XrtBuffer(self._pyxrt, bo, size)
 
     def wait(self, max_clocks: int = 1 << 28) -> bool:

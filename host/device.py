@@ -15,7 +15,8 @@ boards' pynq/XRT transports. A transport provides
 - ``allocate(size, writable=True)``: a buffer with ``device_address``, ``size``, a uint8
   numpy ``array`` view and ``sync_to_device(nbytes=None, offset=0)`` /
   ``sync_from_device(nbytes=None, offset=0)`` (the whole buffer, or ``nbytes`` from
-  ``offset``) / ``free()``;
+  ``offset``) / ``free()``; ``MemoryError`` when the device's memory has no room (the
+  runtime then decodes that input on the CPU; any other exception is a device fault);
 - ``wait(max_clocks)``: block until the device's interrupt is raised (True) or give up
   (False); ``reset()``.
 

@@ -227,7 +227,10 @@ class Loader:
         self.progress = progress and self.sampler.rank == 0
         self.service = DecodeService(backend, cpu_workers=cpu_workers, **(backend_options or {}))
         self.trace = self.service.trace = trace
-        self.pool = BatchPool(batch_size, 3 * slot_pixels, prefetch + 1, allocate=self.service.allocator(),
+        # No batch holds more than a rank's share of an epoch, so a larger batch size (which
+        # DataLoader accepts) reserves no slots that no batch can fill.
+        self.pool = BatchPool(max(1, min(batch_size, len(self.sampler))), 3 * slot_pixels, prefetch + 1,
+                              allocate=self.service.allocator(),
                               pin=self.device.type == "cuda")
         self._copy_stream = torch.cuda.Stream(self.device) if self.device.type == "cuda" else None
         self.report = EpochReport(self.sampler.epoch)

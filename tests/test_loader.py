@@ -180,6 +180,21 @@ def image_folder(tmp_path_factory):
     return root
 
 
+def test_a_batch_size_beyond_the_shard_reserves_only_the_shards_slots(image_folder):
+    """As DataLoader, a batch size larger than a rank's share of the epoch gives one batch
+    of that share; the batch pool holds that many slots, not batch_size (10**6 slots of
+    1 megapixel would be 3 TB)."""
+    from torchvision.datasets import ImageFolder
+
+    n = len(ImageFolder(str(image_folder)))
+    with make_loader(image_folder, 10**6, backend="cpu", rank=1, world_size=2) as loader:
+        share = len(loader.sampler)
+        assert share == (n + 1) // 2 and len(loader) == 1
+        assert {len(b.data) for b in loader.pool.buffers} == {share}
+        (batch,) = drain(loader)
+        assert sorted(batch.indices.tolist()) == sorted(loader.sampler.indices())
+
+
 def test_cpu_epochs_equal_pillow_and_imagefolder(image_folder):
     from torchvision.datasets import ImageFolder
 
@@ -1248,6 +1263,30 @@ def test_instant_completion_claiming_more_than_the_output_capacity_goes_to_the_c
     t._run_job = one_row_more
     try:
         assert set(_run_once_each(paths, service, pool).values()) == {("fallback", "device-fault")}
+    finally:
+        service.close()
+        pool.close()
+
+
+@pytest.mark.parametrize("failure, reason", [(MemoryError("device memory full"), "device-memory"),
+                                             (RuntimeError("Allocate failed: -12"), "device-fault")],
+                         ids=["full", "transport_fault"])
+def test_a_failed_input_staging_allocation_is_not_the_files_error(tmp_path, failure, reason):
+    """The dispatcher reads each input into a staging buffer of device memory. When that
+    allocation fails, the file is not at fault: a full memory (MemoryError) sends each
+    input to the CPU as ``device-memory``; any other failure (pynq raises RuntimeError
+    "Allocate failed") is a device fault, and its inputs are decoded on the CPU too."""
+    paths, t, service, pool = _instant_service(tmp_path, 6, 40, 16 * 16)
+    allocate = t.allocate
+
+    def no_staging(size, *, writable=True):
+        if not writable:                  # the input buffers: the device only reads them
+            raise failure
+        return allocate(size, writable=writable)
+
+    t.allocate = no_staging
+    try:
+        assert set(_run_once_each(paths, service, pool).values()) == {("fallback", reason)}
     finally:
         service.close()
         pool.close()
