@@ -684,9 +684,9 @@ def _cmd_train(args: argparse.Namespace) -> int:
 
 
 def _parser() -> argparse.ArgumentParser:
+    from . import __version__
     from .backends import BACKENDS
     from .hw.boards import BOARDS
-    from . import __version__
     from .jpeg import DEFAULT_MAX_WIDTH
 
     parser = argparse.ArgumentParser(prog="dlbooster", description=__doc__.split("\n")[0])

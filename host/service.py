@@ -235,7 +235,7 @@ class _Dispatcher(threading.Thread):
         The buffer taken is left in ``self.reading``."""
         try:
             self.reading = self._staging(size)
-        except Exception:  # noqa: BLE001
+        except Exception:
             # Full memory, or a transport fault, which is not the file's: it is read into
             # bytes, and staging it for a job (_submit) meets a fault again and takes the
             # device out of service, its tasks to the CPU.
