@@ -237,6 +237,9 @@ class Loader:
         self._stats: LoaderStats | None = None
         self._end_iteration: Callable | None = None
         self._closed = False
+        # Held while a batch is assembled from a pool buffer: close() waits for it before
+        # the pool's memory (perhaps a device's) is freed. Reentrant for a transform that closes.
+        self._assembling = threading.RLock()
 
     @property
     def fidelity(self) -> int | None:
@@ -353,14 +356,19 @@ class Loader:
         try:
             for number in range(len(chunks)):
                 with cond:
-                    while number not in ready and not failure:
+                    while number not in ready and not failure and not self._closed:
                         cond.wait(0.5)
                         for name, depth in self.service.queue_depths().items():
                             queue_peak[name] = max(queue_peak[name], depth)
+                    if self._closed:              # the producer's failure then says less
+                        raise RuntimeError("the loader was closed during the epoch")
                     if failure:
                         raise failure[0]
                     pending = ready.pop(number)
-                batch = self._finish(pending, report)
+                with self._assembling:
+                    if self._closed:              # closed since: the buffer's memory is freed
+                        raise RuntimeError("the loader was closed during the epoch")
+                    batch = self._finish(pending, report)
                 images += len(batch[1])
                 if bar is not None:
                     bar.update(1)
@@ -520,8 +528,11 @@ class Loader:
         return self._stats
 
     def close(self) -> None:
-        """Stop the service and free the pool; iterating afterwards raises RuntimeError."""
-        self._closed = True
+        """Stop the service and free the pool; iterating afterwards raises RuntimeError.
+        From another thread: waits until a batch being assembled is done, and the
+        iteration then raises RuntimeError instead of yielding more."""
+        with self._assembling:
+            self._closed = True
         self.service.close(backend=False)
         self.pool.close()                     # its memory may be the devices'
         self.service.close_backend()

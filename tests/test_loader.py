@@ -830,14 +830,45 @@ def test_sim_device_memory_exhausted_sends_images_to_the_cpu(sim, sim_source, mo
 
 
 def test_closed_loader_raises(tiny_source):
-    loader = make_loader(tiny_source, 2, backend="cpu", slot_pixels=32 * 32)
+    """close() inside the loop: the next step raises, with no batch from the freed pool
+    (batches already decoded wait in it: prefetch 2)."""
+    loader = make_loader(tiny_source, 2, backend="cpu", slot_pixels=32 * 32, prefetch=2)
     it = iter(loader)
     next(it)
+    time.sleep(0.2)                           # the next batches are ready
     loader.close()
-    with pytest.raises(RuntimeError, match="closed"):
-        list(it)
+    with pytest.raises(RuntimeError, match="the loader was closed during the epoch"):
+        next(it)
     with pytest.raises(RuntimeError, match="loader is closed"):
         list(loader)
+
+
+def test_close_from_another_thread_waits_for_the_batch_being_assembled(tiny_source):
+    """A batch is assembled from the pool's memory, which close() frees: close() from
+    another thread waits until the batch is done, and the iteration then ends."""
+    import threading
+
+    closer = None
+
+    def transform(views):
+        nonlocal closer
+        if closer is None:
+            closer = threading.Thread(target=loader.close)
+            closer.start()
+            closer.join(0.3)
+            # Still assembling: close() has not begun (it would set _closed first).
+            assert closer.is_alive() and not loader._closed
+            return [int(v.sum()) for v in views]   # the slots' pixels, read before close()
+        return views
+
+    loader = make_loader(tiny_source, 2, backend="cpu", slot_pixels=32 * 32, transform=transform)
+    it = iter(loader)
+    images, _ = next(it)
+    closer.join()
+    expected = [int(np.asarray(Image.open(path).convert("RGB"), np.int64).sum()) for path, _ in tiny_source[:2]]
+    assert images == expected and loader._closed
+    with pytest.raises(RuntimeError, match="the loader was closed during the epoch"):
+        next(it)
 
 
 def test_a_raising_done_callback_is_called_once(tiny_source):
