@@ -414,7 +414,7 @@ def _run(config, device, dist, train_source, val_source, classes, on_epoch, on_s
     step, epoch, skip, resumed, state = 0, 0, 0, None, None
     first_loss = None
     if config.checkpoint and config.resume and os.path.exists(config.checkpoint):
-        state = torch.load(config.checkpoint, map_location=device, weights_only=False)
+        state = _load_checkpoint(config, device)
         model.load_state_dict(state["model"])
         optimizer.load_state_dict(state["optimizer"])
         schedule.load_state_dict(state["schedule"])
@@ -444,7 +444,9 @@ def _run(config, device, dist, train_source, val_source, classes, on_epoch, on_s
                 ranks = state["rng"]
                 if len(ranks) != dist.world:
                     raise ValueError(f"{config.checkpoint} was saved by {len(ranks)} ranks, not {dist.world}")
-                _set_rng_state(loader, ranks[dist.rank])
+                # At an epoch's start set_epoch has seeded the augmentation as an
+                # uninterrupted run's is; inside one it continues where it was.
+                _set_rng_state(loader, ranks[dist.rank], transform=bool(skip))
             state = None
             model.train()
             losses, images, untrained, batch_no = [], 0, 0, skip
@@ -570,14 +572,49 @@ def _rng_state(loader) -> dict:
             "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None}
 
 
-def _set_rng_state(loader, state: dict) -> None:
+def _set_rng_state(loader, state: dict, *, transform: bool = True) -> None:
+    """Restore :func:`_rng_state`'s streams (the augmentation's only when ``transform``)."""
     import torch
 
-    if state["transform"] is not None and hasattr(loader.transform, "generator"):
+    if transform and state["transform"] is not None and hasattr(loader.transform, "generator"):
         loader.transform.generator.set_state(state["transform"])
     torch.set_rng_state(state["torch"])
     if state["cuda"] is not None and torch.cuda.is_available():
         torch.cuda.set_rng_state_all(state["cuda"])
+
+
+#: Options a resumed run must share with its checkpoint's: each changes what is trained
+#: (the model, its batches, their augmentation, the optimiser's recipe). The totals
+#: (epochs, steps) may grow; how the data is decoded does not change the data.
+RESUME_OPTIONS = ("model", "batch_size", "image_size", "seed", "lr", "momentum", "weight_decay",
+                  "label_smoothing", "warmup_epochs", "fidelity", "fidelity_threshold")
+
+
+def _load_checkpoint(config, device) -> dict:
+    """The checkpoint ``--resume`` continues from.
+
+    Raises:
+        ValueError: the file is not a checkpoint of :func:`train` (unreadable, truncated,
+            another format), or it was written with other :data:`RESUME_OPTIONS`.
+    """
+    import torch
+
+    try:
+        state = torch.load(config.checkpoint, map_location=device, weights_only=False)
+    except Exception as exc:  # torch.load raises many types for a damaged file
+        raise ValueError(f"{config.checkpoint}: not a readable checkpoint ({type(exc).__name__}: {exc}); "
+                         f"remove it or start without --resume") from exc
+    keys = {"model", "optimizer", "schedule", "step", "epoch", "batches_done", "rng", "config"}
+    if not isinstance(state, dict) or not keys <= state.keys():
+        raise ValueError(f"{config.checkpoint}: not a checkpoint of dlbooster train; remove it or start "
+                         f"without --resume")
+    saved = state["config"]
+    changed = [f"{k} {saved.get(k)!r} -> {getattr(config, k)!r}" for k in RESUME_OPTIONS
+               if saved.get(k) != getattr(config, k)]
+    if changed:
+        raise ValueError(f"{config.checkpoint} was written with other options ({', '.join(changed)}): resume "
+                         f"with the checkpoint's, or start without --resume")
+    return state
 
 
 def _skip_to(loader, batches: int) -> None:

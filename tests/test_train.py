@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -206,20 +207,45 @@ def test_split_backward_trains_identically(photos, tmp_path):
     assert _same_model(a, b)
 
 
-def test_resume_after_a_crash_is_exact(photos, tmp_path):
+@pytest.mark.parametrize("crash_at", [6, 15], ids=["inside_an_epoch", "at_an_epochs_end"])
+def test_resume_after_a_crash_is_exact(photos, tmp_path, crash_at):
+    """Resumed from a checkpoint inside an epoch, or from the one at an epoch's end (the
+    next epoch's augmentation is seeded as an uninterrupted run's), the weights end
+    bitwise equal."""
     straight, resumed = str(tmp_path / "straight.pt"), str(tmp_path / "resumed.pt")
     config = replace(BASE, data=photos, steps=19)           # crosses an epoch boundary (15)
     train(replace(config, checkpoint=straight))
 
     def crash(step, loss):
-        if step == 6:
+        if step == crash_at:
             raise KeyboardInterrupt
     with pytest.raises(KeyboardInterrupt):
         train(replace(config, checkpoint=resumed, checkpoint_every=3), on_step=crash)
-    assert _state(resumed)["step"] == 6
+    assert _state(resumed)["step"] == crash_at
     summary = train(replace(config, checkpoint=resumed, checkpoint_every=3, resume=True))
-    assert summary["resumed_from"] == 6 and summary["steps"] == 13
+    assert summary["resumed_from"] == crash_at and summary["steps"] == 19 - crash_at
     assert _same_model(straight, resumed)
+
+
+def test_resume_refuses_other_options_and_damaged_checkpoints(photos, tmp_path):
+    """A checkpoint written with another model, batch size, learning rate... is refused
+    before anything loads (else an epoch's remaining samples are never trained on, or a
+    new learning rate is silently ignored); so is a file that is not a checkpoint."""
+    path = tmp_path / "c.pt"
+    config = replace(BASE, data=photos, steps=1, checkpoint=str(path))
+    train(config)
+    for change, words in [(dict(batch_size=4), "batch_size 8 -> 4"), (dict(lr=0.5), "lr 0.05 -> 0.5"),
+                          (dict(model="mobilenet_v2"), "model 'resnet18' -> 'mobilenet_v2'")]:
+        with pytest.raises(ValueError, match=rf"c\.pt was written with other options \({re.escape(words)}\)"):
+            train(replace(config, steps=2, resume=True, **change))
+    good = path.read_bytes()
+    for damaged in (good[:100_000], b"", b"garbage, not a checkpoint\n"):
+        path.write_bytes(damaged)
+        with pytest.raises(ValueError, match=r"c\.pt: not a readable checkpoint"):
+            train(replace(config, steps=2, resume=True))
+    torch.save({"model": {}}, path)
+    with pytest.raises(ValueError, match=r"c\.pt: not a checkpoint of dlbooster train"):
+        train(replace(config, steps=2, resume=True))
 
 
 def test_sim_decoder_feeds_identical_training(photos, tmp_path):
