@@ -593,15 +593,21 @@ RESUME_OPTIONS = ("model", "batch_size", "image_size", "seed", "lr", "momentum",
 def _load_checkpoint(config, device) -> dict:
     """The checkpoint ``--resume`` continues from.
 
+    The file is read with ``torch.load(weights_only=True)``: tensors and plain values
+    only (:func:`_save` writes nothing else), so loading one cannot run code.
+
     Raises:
         ValueError: the file is not a checkpoint of :func:`train` (unreadable, truncated,
-            another format), or it was written with other :data:`RESUME_OPTIONS`.
+            another format, or a pickle naming other objects), or it was written with
+            other :data:`RESUME_OPTIONS`.
     """
     import torch
 
     try:
-        state = torch.load(config.checkpoint, map_location=device, weights_only=False)
-    except Exception as exc:  # torch.load raises many types for a damaged file
+        # weights_only: tensors and plain values only, so a planted file cannot run code
+        # when it loads (its pickle may name no other global).
+        state = torch.load(config.checkpoint, map_location=device, weights_only=True)
+    except Exception as exc:  # torch.load raises many types for a damaged or unsafe file
         raise ValueError(f"{config.checkpoint}: not a readable checkpoint ({type(exc).__name__}: {exc}); "
                          f"remove it or start without --resume") from exc
     keys = {"model", "optimizer", "schedule", "step", "epoch", "batches_done", "rng", "config"}
@@ -631,7 +637,8 @@ def _save(config, dist, model, optimizer, schedule, loader, step, epoch, batches
     state = {"model": model.state_dict(), "optimizer": optimizer.state_dict(), "schedule": schedule.state_dict(),
              "step": step, "epoch": epoch, "batches_done": batches_done, "loss_first": first_loss,
              "sampler": {**loader.sampler.state_dict(), "start": batches_done * loader.batch_size},
-             "rng": rng, "config": asdict(config)}
+             "rng": rng, "config": {k: os.fspath(v) if isinstance(v, os.PathLike) else v
+                                    for k, v in asdict(config).items()}}
     tmp = f"{config.checkpoint}.tmp"
     torch.save(state, tmp)
     os.replace(tmp, config.checkpoint)            # a crash mid-save leaves the old checkpoint

@@ -248,6 +248,32 @@ def test_resume_refuses_other_options_and_damaged_checkpoints(photos, tmp_path):
         train(replace(config, steps=2, resume=True))
 
 
+class _Planted:
+    """An object whose unpickling runs code (here: creates a file)."""
+
+    def __init__(self, marker):
+        self.marker = marker
+
+    def __reduce__(self):
+        return (Path.touch, (Path(self.marker),))
+
+
+def test_resume_never_runs_code_from_the_checkpoint(photos, tmp_path):
+    """A checkpoint is loaded with ``weights_only=True``: a planted file that would run
+    code when unpickled is refused as unreadable, and its code does not run; a checkpoint
+    of a run configured with a ``Path`` still resumes."""
+    path, marker = tmp_path / "c.pt", tmp_path / "ran"
+    config = replace(BASE, data=Path(photos), steps=1, checkpoint=path)
+    train(config)
+    assert train(replace(config, steps=2, resume=True))["resumed_from"] == 1
+    state = torch.load(path, weights_only=True)
+    state["loss_first"] = _Planted(marker)
+    torch.save(state, path)
+    with pytest.raises(ValueError, match=r"c\.pt: not a readable checkpoint \(UnpicklingError"):
+        train(replace(config, steps=3, resume=True))
+    assert not marker.exists()
+
+
 def test_sim_decoder_feeds_identical_training(photos, tmp_path):
     """The simulated device decodes exactly like the CPU path, so training on it gives the
     same model; the trace shows its lane, the loader, the phases and the split tasks."""
