@@ -665,13 +665,20 @@ HOST_ONLY_REASONS = frozenset({"mpo", "junk", "too-large", "input-size"})
 
 def host_prescreen(info: JpegInfo, *, max_width: int = DEFAULT_MAX_WIDTH) -> str | None:
     """The runtime's pre-screen: the :func:`classify` reason of a file that must go to the
-    CPU path before any device sees it, because the decoder's own header checks would let
-    it through while Pillow treats it differently (:data:`HOST_ONLY_REASONS`, or a header
-    only Pillow's parser rejects); None for every other file, including the ones the
-    device itself stops on.
+    CPU path before any device sees it, because the decoder's own header checks could let
+    it through while Pillow treats it differently: :data:`HOST_ONLY_REASONS`, a header
+    only Pillow's parser rejects, or a structural fault before the first scan's
+    entropy-coded data (``malformed-header``: the decoder, like libjpeg-turbo, skips a
+    TEM or an RSTn between segments, which Pillow's parser may refuse, and a fault there
+    hides the segments after it from :func:`pillow_header_error`). None for every other
+    file, including those whose entropy-coded data the device itself stops on.
     """
     reason = classify(info, max_width=max_width)
-    if reason in HOST_ONLY_REASONS or (
-            reason == "malformed-header" and info.error is None and pillow_header_error(info) is not None):
+    if reason in HOST_ONLY_REASONS:
         return reason
+    if reason == "malformed-header":
+        if info.error is None:
+            return reason if pillow_header_error(info) is not None else None
+        if not info.scans or info.error_offset < info.scans[0].data_start:
+            return reason
     return None

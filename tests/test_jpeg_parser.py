@@ -554,6 +554,26 @@ def test_classify_unexpected_marker_in_header():
                                      allow_status=("fallback",))
 
 
+@pytest.mark.parametrize("marker", (0xD0, 0x01), ids=("rst0", "tem"))
+def test_prescreen_keeps_every_header_fault_from_the_device(marker):
+    """A TEM or an RSTn between header segments: the decoder skips it (as libjpeg-turbo
+    does), Pillow's parser refuses a TEM, and the host parser's fault there hid the
+    Pillow-only checks of the other segments (here a short JFIF APP0), so the device
+    returned ``ok`` where Pillow fails. Every structural fault before the scan's data
+    now goes to the CPU path; a fault inside the entropy-coded data is still the
+    device's to find."""
+    good = gen(24, 16, subsampling=2)
+    for data in (good, _replace_app0(good, segment(0xE0, b"JFIF\x00"))):
+        sos = offsets(jpeg.parse(data), 0xDA)[0]
+        bad = data[:sos] + bytes([0xFF, marker]) + data[sos:]
+        for info in (jpeg.parse(bad), jpeg.parse(bad, headers_only=True)):
+            assert info.error is not None and jpeg.host_prescreen(info) == "malformed-header"
+        assert_result_matches_pillow(backends.decode_result(bad, "model"), bad, allow_status=("fallback",))
+    info = jpeg.parse(good)
+    cut = good[:info.scans[0].data_start + 20]
+    assert jpeg.classify(jpeg.parse(cut)) is not None and jpeg.host_prescreen(jpeg.parse(cut)) is None
+
+
 # =================================================================================
 # Corpus: parse + classify never raise; headers agree with Pillow's parser
 
