@@ -196,6 +196,7 @@ class JpegInfo:
         not_jpeg: the input does not start with SOI and a marker.
         headers_only: parsing stopped at the first SOS (see :func:`parse`).
         dnl: a DNL marker was seen.
+        dac: a DAC segment (arithmetic conditioning) came before the first scan.
         icc_segments: ICC_PROFILE APP2 bodies seen since the last check (internal).
         eoi: offset of EOI, or -1 if the input ends first.
         junk_bytes: bytes skipped between marker segments (libjpeg-turbo warns, decodes).
@@ -221,6 +222,7 @@ class JpegInfo:
     headers_only: bool = False
     junk_bytes: int = 0
     dnl: bool = False
+    dac: bool = False
     mpf: bool = False
     pillow_error: str | None = None
     pillow_dpi: bool = False
@@ -389,7 +391,12 @@ def parse(data: bytes, *, headers_only: bool = False) -> JpegInfo:
         elif marker == 0xDC:
             info.dnl = True
         elif marker == 0xCC:
-            pass  # DAC: arithmetic conditioning; the frame type already says arithmetic
+            # DAC (T.81 B.2.4.3), checked as libjpeg-turbo's get_dac (jdmarker.c) does even
+            # in a Huffman-coded file: index pairs, a table index below 32, and a DC
+            # table's lower bound L not above its upper bound U.
+            if len(body) % 2 or any(t >= 32 or (t < 16 and v & 15 > v >> 4) for t, v in zip(body[::2], body[1::2])):
+                return _fail(info, "bad DAC segment", offset)
+            info.dac = info.dac or not info.scans
         else:
             return _fail(info, f"unsupported marker 0xFF{marker:02X}", offset)
 
@@ -598,6 +605,10 @@ def classify(
             return "progressive"
     if info.error is not None or info.pillow_error is not None:
         return "malformed-header"
+    if info.dac:
+        # The decoder declines a DAC segment as arithmetic coding; libjpeg-turbo ignores
+        # a valid one in a Huffman-coded file.
+        return "arithmetic"
     if info.mpf:
         return "mpo"
     if info.junk_bytes:

@@ -347,6 +347,24 @@ def test_classify_precision(precision):
     assert_fallback_consistent(bytes(data), "precision")
 
 
+@pytest.mark.parametrize("body, want", [
+    (b"\x00\x10\x10\x05", "arithmetic"),       # DC table 0 L=0 U=1, AC table 0 K=5
+    (b"\x0f\xff\x1f\x00", "arithmetic"),       # DC L=U=15, AC K=0: get_dac checks no AC value
+    (b"\x20\x00", "malformed-header"),           # table index 32
+    (b"\x00\x01", "malformed-header"),           # DC L=1 above U=0
+    (b"\x00\x10\x00", "malformed-header"),      # an odd length
+], ids=("valid", "valid-edges", "index", "dc-bounds", "odd-length"))
+def test_classify_dac_segment(body, want):
+    """A DAC segment in a Huffman-coded file: libjpeg-turbo checks it (get_dac) and
+    otherwise ignores it; the decoder declines it as arithmetic coding. The model took
+    every DAC for nothing and returned ``ok``, also where Pillow fails."""
+    good = gen(16, 16, subsampling=2)
+    data = good[:2] + segment(0xCC, body) + good[2:]
+    assert_fallback_consistent(data, want)
+    _, exc = pillow_rgb(data)
+    assert (exc is None) == (want == "arithmetic")
+
+
 def test_classify_dnl_height_zero():
     data = bytearray(gen(24, 16, subsampling=0))
     off = offsets(jpeg.parse(bytes(data)), 0xC0)[0]
