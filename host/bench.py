@@ -166,6 +166,8 @@ def _inputs(args: argparse.Namespace) -> list[tuple[str, bytes]]:
             raise SystemExit("no PATH given and no shared corpus found (set DLBOOSTER_CORPUS)")
         paths = [str(corpus / "imagenet-sample-images")]
     files = [p for p, _ in _walk(paths)]
+    if not files:
+        raise SystemExit(f"dlbooster bench {args.kind}: no input files")
     if args.limit:
         files = files[: args.limit]
     inputs = []
@@ -557,6 +559,8 @@ def _run_records(args: argparse.Namespace) -> dict:
     for path in paths:
         if not Path(path).is_dir():
             raise SystemExit(f"dlbooster bench records: {path}: no such folder")
+        if not any(p.is_file() for p in Path(path).rglob("*")):
+            raise SystemExit(f"dlbooster bench records: {path}: no files")
     fidelities = [int(k) for k in args.fidelities.split(",")] if args.fidelities else None
     result = bench_records(paths, fidelities=fidelities, rounds=args.rounds,
                            sample=args.sample, images_per_record=args.images_per_record,
@@ -641,8 +645,11 @@ def run(args: argparse.Namespace) -> int:
     elif args.kind == "host":
         from .bench_runtime import bench_host
 
-        result = bench_host(files, batch_size=args.batch_size, epochs=args.epochs, lanes=args.lanes,
-                            cpu_workers=args.cpu_workers)
+        try:
+            result = bench_host(files, batch_size=args.batch_size, epochs=args.epochs, lanes=args.lanes,
+                                cpu_workers=args.cpu_workers)
+        except ValueError as exc:
+            raise SystemExit(f"dlbooster bench host: {exc}") from None
         result.update(_machine())
         print(_table(["epoch", "images", "wall s", "CPU s", "instrument s", "file reads s", "host us/image",
                       "with reads us/image", "images/s"],

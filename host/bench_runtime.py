@@ -45,6 +45,9 @@ def host_loader(files: list[tuple[str, bytes]], *, batch_size: int = 64, lanes: 
 
     Returns:
         ``(loader, transport)``; the caller closes the loader.
+
+    Raises:
+        ValueError: no input decodes.
     """
     from .backends import CpuBackend
     from .errors import DecodeError
@@ -60,6 +63,8 @@ def host_loader(files: list[tuple[str, bytes]], *, batch_size: int = 64, lanes: 
         except DecodeError:
             continue
         learned.append((path, len(learned)))
+    if not learned:
+        raise ValueError(f"none of the {len(files)} inputs decodes (the instant device replays decoded images)")
     loader = Loader(learned, batch_size, backend=InstantBackend(transport), shuffle=True,
                     device="cpu", transform=len, cpu_workers=cpu_workers, slot_pixels=1024 * 1024)
     return loader, transport

@@ -276,6 +276,21 @@ def test_bench_names_an_unreadable_input(tmp_path):
         main(["bench", "records", str(tmp_path / "none")])
 
 
+def test_bench_without_inputs_says_so(tmp_path):
+    """An empty folder, or inputs none of which decodes, is a message (exit 1), not a
+    traceback from the statistics of no files."""
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    (tmp_path / "zero.jpg").write_bytes(b"")
+    for kind in ("parse", "decode", "host", "loader"):
+        with pytest.raises(SystemExit, match=f"dlbooster bench {kind}: no input files"):
+            main(["bench", kind, str(empty)])
+    with pytest.raises(SystemExit, match=f"dlbooster bench records: {empty}: no files"):
+        main(["bench", "records", str(empty)])
+    with pytest.raises(SystemExit, match="dlbooster bench host: none of the 1 inputs decodes"):
+        main(["bench", "host", str(tmp_path / "zero.jpg")])
+
+
 def test_demo_decodes_every_photo_equal_to_pillow(capsys):
     from dlbooster.samples import packaged_photos
 
