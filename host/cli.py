@@ -599,7 +599,10 @@ def _cmd_records(args: argparse.Namespace) -> int:
     print(f"{result['root']}: {result['images']} images in {result['records']} record file(s), "
           f"{result['scans']} scan groups; sources {result['source_bytes']:,} bytes; "
           f"PSNR against full fidelity over {result['sample']} images")
-    db = lambda v: "inf" if v is None else f"{v:.2f}"  # noqa: E731
+    for name in result["unmeasured"]:
+        print(f"  not measured: {name} (Pillow does not decode it)")
+    # None: every measured image equal to full fidelity's, or none measured.
+    db = lambda v: "-" if not result["sample"] else "inf" if v is None else f"{v:.2f}"  # noqa: E731
     share = lambda v: "-" if v is None else f"{v:.3f}"  # noqa: E731
     rows = [[r["fidelity"], f"{r['bytes']:,}", share(r["of_source"]), share(r["of_full"]),
              db(r["psnr_mean_db"]), db(r["psnr_min_db"])] for r in result["fidelities"]]

@@ -668,16 +668,27 @@ def info(records: RecordSet, *, sample: int = 16) -> dict:
         reads: every file's prefix), ``of_source`` and ``of_full`` (fractions),
         ``psnr_mean_db`` and ``psnr_min_db`` (Pillow's decode at k against the full
         decode, over the first ``sample`` images; None at full fidelity, where the
-        images are equal), ``sample`` (images measured).
+        images are equal), ``sample`` (images measured), ``unmeasured`` (names of the
+        first ``sample`` images Pillow refuses to decode, e.g. past its
+        decompression-bomb limit: left out of the PSNR figures).
 
     Raises:
         ValueError: ``sample`` below 1.
         RecordError: a damaged record among the sampled images.
     """
+    from PIL import Image
+
     if sample < 1:
         raise ValueError(f"sample must be at least 1, not {sample}")
-    entries = list(records.entries())[:sample]
-    full = [_decode_rgb(rf.image(i)) for rf, i in entries]
+    entries, full, unmeasured = [], [], []
+    for rf, i in list(records.entries())[:sample]:
+        data = rf.image(i)            # a damaged record raises RecordError here
+        try:
+            full.append(_decode_rgb(data))
+        except (OSError, SyntaxError, ValueError, Image.DecompressionBombError):
+            unmeasured.append(rf.names[i])
+        else:
+            entries.append((rf, i))
     rows = []
     total = records.prefix_bytes(None)
     source = records.source_bytes()
@@ -691,4 +702,5 @@ def info(records: RecordSet, *, sample: int = 16) -> dict:
                      "psnr_min_db": min(finite) if finite else None,
                      "identical": len(values) - len(finite)})
     return {"root": records.root, "images": records.images, "records": len(records.files),
-            "scans": records.scans, "source_bytes": source, "sample": len(entries), "fidelities": rows}
+            "scans": records.scans, "source_bytes": source, "sample": len(entries), "unmeasured": unmeasured,
+            "fidelities": rows}

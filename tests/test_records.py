@@ -17,6 +17,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from PIL import Image
 from jpegtools import make_jpeg, photo_crop, pillow_rgb, png_bytes
 
 from dlbooster import records as R
@@ -296,6 +297,22 @@ def test_reader_rejects_forged_records(written, tmp_path):
     os.truncate(path, 4096)
     with pytest.raises(R.RecordError, match="truncated record: .* the file has 4096$"):
         rf.image(rf.images - 1)
+
+
+def test_info_leaves_out_images_pillow_refuses(written, monkeypatch):
+    """``records info`` measures PSNR with Pillow; an image past Pillow's
+    decompression-bomb limit is named as not measured, not a traceback."""
+    _, rec, _ = written
+    records = R.RecordSet(rec)
+    sizes = {name: Image.open(io.BytesIO(rf.image(i))).size for rf, i in records.entries()
+             for name in [rf.names[i]]}
+    monkeypatch.setattr(Image, "MAX_IMAGE_PIXELS", 1000)     # refused above 2,000 pixels
+    result = R.info(records, sample=len(sizes))
+    large = sorted(name for name, (w, h) in sizes.items() if w * h > 2000)
+    assert large and sorted(result["unmeasured"]) == large
+    assert result["sample"] == len(sizes) - len(large) > 0
+    code, out, _ = _cli("records", "info", str(rec), "--sample", str(len(sizes)))
+    assert code == 0 and f"not measured: {large[0]} (Pillow does not decode it)" in out
 
 
 def test_loader_reads_records_at_each_fidelity(written):
