@@ -228,7 +228,11 @@ class HeaderParser(wiring.Component):
             with m.State("SOI0"):
                 m.d.comb += take.eq(byte_valid)
                 with m.If(byte_valid):
+                    # The restart interval is part of the scan configuration the entropy
+                    # decoder reads until its scan is done, which can be long after the
+                    # last byte was forwarded: it is cleared when the next file begins.
                     m.d.comb += self.busy.eq(1)
+                    m.d.sync += restart.eq(0)
                     with m.If(byte == 0xFF):
                         m.next = "SOI1"
                     with m.Else():
@@ -574,7 +578,7 @@ class HeaderParser(wiring.Component):
             with m.State("IDLE"):
                 m.d.sync += [status.eq(HeaderStatus.OK), have_frame.eq(0), jfif.eq(0),
                              adobe.eq(0), q_defined.eq(0),
-                             h_defined.eq(0), q_bad.eq(0), h_bad.eq(0), restart.eq(0)]
+                             h_defined.eq(0), q_bad.eq(0), h_bad.eq(0)]
                 m.next = "SOI0"
 
         # Scan configuration (T.81 A.2): one MCU is hmax x vmax blocks of the first

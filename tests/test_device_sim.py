@@ -12,6 +12,7 @@ import json
 
 import numpy as np
 import pytest
+from PIL import Image
 
 from dlbooster import jpeg
 from dlbooster.device import DecoderDevice
@@ -105,6 +106,38 @@ def test_feature_files_equal_pillow(sim1):
     after = sim1.counters()
     assert _violations(sim1) == 0
     assert after["read_beats"] > before["read_beats"] and after["write_beats"] > before["write_beats"]
+
+
+def _tiny_last_intervals() -> dict[str, bytes]:
+    """Files whose last restart intervals are a few bytes: flat images (or a flat last
+    MCU after textured ones) with a restart interval of one MCU."""
+    rng = np.random.default_rng(5)
+    files = {}
+    for mode, ss, (w, h) in (("L", "gray", (16, 8)), ("L", "gray", (24, 8)), ("RGB", 2, (32, 16)),
+                             ("RGB", 0, (24, 8))):
+        flat = Image.new(mode, (w, h), 128 if mode == "L" else (120, 130, 140))
+        textured = flat.copy()
+        textured.paste(Image.fromarray(rng.integers(0, 256, (h, w - 8) + (() if mode == "L" else (3,)),
+                                                    dtype=np.uint8)), (0, 0))
+        for name, image in (("flat", flat), ("flat-last", textured)):
+            files[f"{name}-{mode}-{w}x{h}"] = gen(w, h, subsampling=ss, image=image, quality=50,
+                                                  restart_blocks=1)
+    return files
+
+
+def test_a_tiny_last_restart_interval_decodes(sim1):
+    """The header parser cleared its restart interval (DRI) once it had forwarded the
+    file's last byte, while the entropy decoder still had restart boundaries ahead: a file
+    whose last intervals are only a few bytes stopped with ``unexpected-marker`` or
+    ``bad-huffman-code`` (or could decode padding bits as symbols)."""
+    files = _tiny_last_intervals()
+    for data in files.values():
+        scan = jpeg.parse(data).scans[0]
+        assert scan.restart_interval == 1 and scan.restarts >= 1
+    device = _fresh(sim1)
+    outcomes = device.decode_batch([(data, _cap(data)) for data in files.values()])
+    _check_against_pillow(files, outcomes)
+    assert all(o.completion.status == 0 for o in outcomes)
 
 
 def test_a_block_outside_the_exact_idct_range_is_declined(sim1):
@@ -438,8 +471,11 @@ def test_block_register_access_equals_one_register_at_a_time(sim1):
 def test_cli_decode_backend_sim(tmp_path, capsys):
     from dlbooster.cli import main
 
-    files = {"a.jpg": gen(24, 16, subsampling=2, quality=80), "b.jpg": gen(16, 16, progressive=True),
-             "c.jpg": b"not a jpeg at all"}
+    a = gen(24, 16, subsampling=2, quality=80)
+    sos = a.index(b"\xff\xda")
+    # d.jpg: a TEM between segments, which the decoder skips and Pillow refuses.
+    files = {"a.jpg": a, "b.jpg": gen(16, 16, progressive=True), "c.jpg": b"not a jpeg at all",
+             "d.jpg": a[:sos] + b"\xff\x01" + a[sos:]}
     for name, data in files.items():
         (tmp_path / name).write_bytes(data)
     code = main(["decode", "--backend", "sim", "--max-width", str(WIDTH), "--lanes", "4", "--json", "--verify",
@@ -452,4 +488,6 @@ def test_cli_decode_backend_sim(tmp_path, capsys):
     assert by_name["b.jpg"]["status"] == "fallback" and by_name["b.jpg"]["reason"] == "progressive"
     assert by_name["b.jpg"]["cycles"] > 0
     assert by_name["c.jpg"]["status"] == "error"
+    assert by_name["d.jpg"]["status"] == "error" and by_name["d.jpg"]["declined"] == "malformed-header"
+    assert "cycles" not in by_name["d.jpg"], "the host pre-screen keeps it from the device"
     assert out["summary"]["pillow_mismatches"] == 0
