@@ -372,8 +372,10 @@ class RecordFile:
     """One record file. Opening reads and checks its header; images are read with
     ``os.pread`` of exactly the pieces a fidelity needs, so an epoch at fidelity ``k``
     reads the files' prefixes, and no file descriptor is held between reads (a data set
-    of thousands of records stays under the descriptor limit; a file truncated after
-    opening is a short read, reported, not a fault).
+    of thousands of records stays under the descriptor limit). Each read checks that the
+    path still names the file opened (device, inode, modification time): one rewritten,
+    replaced or truncated since would be read with a stale index and stale CRC verdicts,
+    and is a RecordError instead.
 
     Attributes:
         path: the file (str).
@@ -393,14 +395,28 @@ class RecordFile:
     def __init__(self, path: str | os.PathLike):
         self.path = os.fspath(path)
         self._lock = threading.Lock()
+        self._identity: tuple[int, int, int] | None = None
         with self._open() as f:
             self._read_header(f)
 
     def _open(self):
-        """The file, opened for reading (regular files only: a FIFO would block)."""
+        """The file, opened for reading (regular files only: a FIFO would block).
+
+        Raises:
+            RecordError: not a regular file, or not the file this object opened.
+        """
         if not stat.S_ISREG(os.stat(self.path).st_mode):
             raise RecordError(f"{self.path}: not a regular file")
-        return open(self.path, "rb")
+        f = open(self.path, "rb")
+        st = os.fstat(f.fileno())
+        identity = (st.st_dev, st.st_ino, st.st_mtime_ns)
+        if self._identity is None:
+            self._identity = identity
+        elif identity != self._identity:
+            f.close()
+            raise RecordError(f"{self.path}: the record file changed after it was opened (rewritten, replaced "
+                              f"or truncated): open the record set again")
+        return f
 
     def _read_header(self, f) -> None:
         path = self.path
