@@ -30,7 +30,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .device import DecoderDevice
+from .device import DecoderDevice, drain
 from .hw.boards import BOARDS, TOP, VLNV
 from .hw.regs import Reg
 
@@ -90,10 +90,10 @@ def decoder_ip_class():
     return _ip_class
 
 
-def _poll_isr(transport, deadline: float) -> bool:
-    """Poll the interrupt status register until it is non-zero (True) or ``deadline``
+def _poll(transport, reg: Reg, deadline: float) -> bool:
+    """Poll register ``reg`` until it is non-zero (True) or ``deadline``
     (``time.monotonic()`` seconds) passes (False)."""
-    while not transport.read32(Reg.ISR):
+    while not transport.read32(reg):
         if time.monotonic() > deadline:
             return False
         time.sleep(20e-6)
@@ -180,7 +180,7 @@ class PynqTransport:
             except TimeoutError:
                 pass
             return bool(self.read32(Reg.ISR))
-        return _poll_isr(self, deadline)
+        return _poll(self, Reg.ISR, deadline)
 
     def reset(self) -> None:
         """Reset the device by loading the bitstream again (the PL is reset on download).
@@ -254,16 +254,20 @@ class XrtTransport:
         return _XrtBuffer(self._pyxrt, bo, size)
 
     def wait(self, max_clocks: int = 1 << 28) -> bool:
-        """Poll the interrupt status register (XRT gives user interrupts of an
-        ``ap_ctrl_hs`` kernel only to its own scheduler)."""
-        return _poll_isr(self, time.monotonic() + max_clocks / self.clock_hz)
+        """Poll ``DONE_COUNT``, not the interrupt status: XRT takes the interrupt of an
+        ``ap_ctrl_hs`` kernel for its own scheduler, whose handler clears ``ISR``."""
+        return _poll(self, Reg.DONE_COUNT, time.monotonic() + max_clocks / self.clock_hz)
 
-    def reset(self) -> None:
-        """XRT has no per-kernel reset for user code: stop the device (clear
-        ``AP_START``) and drain its completions; a hung card needs ``xbutil reset``."""
-        self.write32(Reg.AP_CTRL, 0)
-        while self.read32(Reg.DONE_COUNT):
-            self.write32(Reg.DONE_POP, 1)
+    def reset(self, timeout_s: float = 5.0) -> None:
+        """XRT has no per-kernel reset for user code, and clearing ``AP_START`` does not
+        stop queued jobs: the device is drained instead (:func:`dlbooster.device.drain`:
+        its queued jobs run out, so none can touch buffers released next).
+
+        Raises:
+            DeviceError: it did not come to rest in ``timeout_s`` (a hung card needs
+                ``xbutil reset``).
+        """
+        drain(self, timeout_s)
 
 
 def find_boards() -> list[dict]:

@@ -25,6 +25,7 @@ The register map and statuses are :mod:`dlbooster.hw.regs`.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import NamedTuple
@@ -33,7 +34,7 @@ import numpy as np
 
 from .hw.regs import DONE_BLOCK_WORDS, MAGIC, Ctrl, DeviceStatus, Irq, Reg, device_reason
 
-__all__ = ["Completion", "DecoderDevice", "DeviceError", "JobOutcome"]
+__all__ = ["Completion", "DecoderDevice", "DeviceError", "JobOutcome", "drain"]
 
 # Register offsets as plain ints (enum members cost more per access): the job's staging
 # registers in write order, then the completion registers in read order.
@@ -48,6 +49,39 @@ _WATCHDOG = int(DeviceStatus.WATCHDOG)
 
 class DeviceError(RuntimeError):
     """The device is absent, not a dlbooster decoder, or stopped answering."""
+
+
+def drain(transport, timeout_s: float = 5.0) -> None:
+    """Bring a device to rest through its registers alone, for a transport that cannot
+    reset it (XRT gives user code no reset of a kernel): one-shot mode
+    (``AP_CTRL = AP_START``, no ``AUTO_RESTART``) runs the jobs already queued and takes
+    no more; completions are dropped as they come, until no lane holds a job and the job
+    FIFO is empty. Then no job is left that could read or write buffers the caller
+    releases next (the watchdog ends a job stuck on memory).
+
+    Args:
+        transport: the device's register interface (``read32``/``write32``).
+        timeout_s: wall-clock limit, seconds.
+
+    Raises:
+        DeviceError: the device did not come to rest within ``timeout_s`` (its buffers
+            must not be reused: it may still access them).
+    """
+    t = transport
+    t.write32(Reg.AP_CTRL, Ctrl.AP_START)
+    depth = (t.read32(Reg.CONFIG) >> 16) & 0xFF
+    deadline = time.monotonic() + timeout_s
+    while True:
+        while t.read32(Reg.DONE_COUNT):
+            t.write32(Reg.DONE_POP, 1)
+        if not t.read32(Reg.BUSY) and t.read32(Reg.JOB_PUSH) == depth:
+            while t.read32(Reg.DONE_COUNT):      # the last job's completion
+                t.write32(Reg.DONE_POP, 1)
+            return
+        if time.monotonic() > deadline:
+            raise DeviceError(f"the device did not come to rest in {timeout_s:g} s (lanes busy "
+                              f"0x{t.read32(Reg.BUSY):x}, {depth - t.read32(Reg.JOB_PUSH)} jobs queued)")
+        time.sleep(20e-6)
 
 
 class Completion(NamedTuple):

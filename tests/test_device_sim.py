@@ -15,7 +15,7 @@ import pytest
 from PIL import Image
 
 from dlbooster import jpeg
-from dlbooster.device import DecoderDevice
+from dlbooster.device import DecoderDevice, drain
 from dlbooster.hw.regs import Ctrl, DeviceStatus, Irq, Reg
 from dlbooster.sim.flow import simulator_available
 from dlbooster.sim.verify import expectation
@@ -427,6 +427,39 @@ def test_submit_many_fills_the_job_fifo_and_queues_no_more(sim1):
     assert _violations(sim1) == 0
     for buf in bufs + srcs:
         buf.free()
+
+
+def test_drain_brings_the_device_to_rest_through_its_registers(sim1):
+    """XRT's reset of the device (``XrtTransport.reset`` is :func:`dlbooster.device.drain`,
+    run here against the simulated device). It cleared ``AP_START`` and popped the
+    completions; the queued jobs went on reading and writing buffers the driver released
+    after the reset. A drain runs them out: then no lane holds a job, none is queued, no
+    completion waits, the memory sees no more transfers, and the device starts again."""
+    device = _fresh(sim1)
+    depth = device.job_depth
+    files = [gen(24 + 8 * (i % 3), 16, subsampling=i % 3, quality=60 + i) for i in range(depth + 2)]
+    bufs, jobs = [], []
+    for i, data in enumerate(files):
+        src, dst = sim1.allocate(len(data), writable=False), sim1.allocate(_cap(data))
+        src.array[:] = np.frombuffer(data, np.uint8)
+        bufs += [src, dst]
+        jobs.append((i, src.device_address, len(data), dst.device_address, _cap(data)))
+    assert device.submit_many(jobs) == depth
+    assert sim1.read32(Reg.BUSY) != 0
+    drain(sim1)
+    assert (sim1.read32(Reg.BUSY), sim1.read32(Reg.JOB_PUSH), sim1.read32(Reg.DONE_COUNT)) == (0, depth, 0)
+    at_rest = sim1.counters()
+    for _ in range(300):
+        sim1.read32(Reg.ID)
+    now = sim1.counters()
+    assert now["clocks"] > at_rest["clocks"]
+    assert (now["read_beats"], now["write_beats"]) == (at_rest["read_beats"], at_rest["write_beats"])
+    for buf in bufs:
+        buf.free()
+    device.reset()
+    outcomes = device.decode_batch([(data, _cap(data)) for data in files[:2]])
+    _check_against_pillow(dict(zip("ab", files[:2])), outcomes)
+    assert _violations(sim1) == 0
 
 
 class _BlockAccess:
