@@ -78,8 +78,9 @@ BOARDS: dict[str, Board] = {b.name: b for b in (
 )}
 
 #: The RTL kernel's arguments: (name, register offset, bytes, is a device pointer). They
-#: are the job registers; XRT only needs them to know the master's memory bank and to
-#: let ``xrt::kernel`` write a job, the host driver queues jobs through the same offsets.
+#: are the job registers: XRT needs them to know the master's memory bank, and its own
+#: kernel call writes them and sets AP_START alone, which queues that one job (one-shot
+#: mode); the host driver queues jobs through the same offsets and JOB_PUSH.
 KERNEL_ARGS = (
     ("in_addr", Reg.JOB_IN_ADDR_LO, 8, True),
     ("in_len", Reg.JOB_IN_LEN, 4, False),

@@ -126,6 +126,9 @@ class Device(wiring.Component):
         wdata = ctl("wdata")
         push = Signal()
         pop = Signal()
+        # A staging register was written since the last push: a one-shot start queues
+        # that job (XRT's kernel call writes the arguments, then AP_START).
+        staged_new = Signal()
         isr_set = Cat(finished, dones.w_en)
         isr_toggle = Signal(2)
         with m.If(write):
@@ -133,6 +136,7 @@ class Device(wiring.Component):
                 with m.Case(Reg.AP_CTRL >> 2):
                     with m.If(wdata[0]):
                         m.d.sync += started.eq(1)
+                        m.d.comb += push.eq(~wdata[7] & staged_new)
                     m.d.sync += auto_restart.eq(wdata[7])
                 with m.Case(Reg.GIE >> 2):
                     m.d.sync += gie.eq(wdata[0])
@@ -146,14 +150,17 @@ class Device(wiring.Component):
                                    (Reg.JOB_OUT_ADDR_LO, staged.out_addr[:32]),
                                    (Reg.JOB_OUT_ADDR_HI, staged.out_addr[32:]),
                                    (Reg.JOB_OUT_CAP, staged.out_cap),
-                                   (Reg.JOB_ID, staged.id),
-                                   (Reg.WATCHDOG, watchdog)):
+                                   (Reg.JOB_ID, staged.id)):
                     with m.Case(reg >> 2):
-                        m.d.sync += field.eq(wdata)
+                        m.d.sync += [field.eq(wdata), staged_new.eq(1)]
+                with m.Case(Reg.WATCHDOG >> 2):
+                    m.d.sync += watchdog.eq(wdata)
                 with m.Case(Reg.JOB_PUSH >> 2):
                     m.d.comb += push.eq(1)
                 with m.Case(Reg.DONE_POP >> 2):
                     m.d.comb += pop.eq(1)
+        with m.If(push):
+            m.d.sync += staged_new.eq(0)
         # A new event wins over a clear written in the same clock (none is lost).
         m.d.sync += isr.eq((isr ^ isr_toggle) | isr_set)
         m.d.comb += [jobs.w_data.eq(staged), jobs.w_en.eq(push), dones.r_en.eq(pop),

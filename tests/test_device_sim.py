@@ -390,6 +390,45 @@ def test_ap_ctrl_hs_and_interrupt(sim1):
     assert done.job_id == 9 and done.status == 0
 
 
+def test_an_xrt_kernel_call_decodes_its_arguments(sim1):
+    """XRT's own kernel call (``run = kernel(in, in_len, out, out_cap, id); run.wait()``)
+    writes the arguments at kernel.xml's offsets (the staging registers) and sets
+    AP_START alone. The device ran the jobs queued by JOB_PUSH, none, and reported
+    ap_done with nothing decoded; a one-shot start now queues the staged job first. A
+    start after JOB_PUSH queues nothing more."""
+    from dlbooster.hw.boards import KERNEL_ARGS
+
+    _fresh(sim1)
+    sim1.reset()
+    data = gen(24, 16, subsampling=1, quality=85)
+    ref, _ = pillow_rgb(data)
+    src, dst = sim1.allocate(len(data), writable=False), sim1.allocate(ref.size)
+    src.array[:] = np.frombuffer(data, np.uint8)
+    args = {"in_addr": src.device_address, "in_len": len(data), "out_addr": dst.device_address,
+            "out_cap": ref.size, "job_id": 77}
+    for name, offset, size, _ in KERNEL_ARGS:
+        for word in range(size // 4):
+            sim1.write32(offset + 4 * word, (args[name] >> (32 * word)) & 0xFFFFFFFF)
+    sim1.write32(Reg.AP_CTRL, Ctrl.AP_START)
+    for _ in range(1000):
+        if sim1.read32(Reg.AP_CTRL) & Ctrl.AP_DONE:
+            break
+        sim1.run(200)
+    else:
+        raise AssertionError("no ap_done")
+    assert (dst.array[:ref.size].reshape(ref.shape) == ref).all()
+    assert sim1.read32(Reg.DONE_COUNT) == 1 and sim1.read32(Reg.DONE_ID) == 77
+    sim1.write32(Reg.DONE_POP, 1)
+    sim1.write32(Reg.JOB_PUSH, 1)                  # the same staged job, pushed explicitly
+    sim1.write32(Reg.AP_CTRL, Ctrl.AP_START)
+    while not sim1.read32(Reg.AP_CTRL) & Ctrl.AP_DONE:
+        sim1.run(200)
+    assert sim1.read32(Reg.DONE_COUNT) == 1, "a start after JOB_PUSH queues no second job"
+    assert _violations(sim1) == 0
+    for buf in (src, dst):
+        buf.free()
+
+
 def test_submit_many_fills_the_job_fifo_and_queues_no_more(sim1):
     """``submit_many`` queues jobs in order while the job FIFO has room and touches none
     of the rest; completions collected a batch at a time equal Pillow's."""
