@@ -53,9 +53,10 @@ class DeviceError(RuntimeError):
 
 def drain(transport, timeout_s: float = 5.0) -> None:
     """Bring a device to rest through its registers alone, for a transport that cannot
-    reset it (XRT gives user code no reset of a kernel): one-shot mode
-    (``AP_CTRL = AP_START``, no ``AUTO_RESTART``) runs the jobs already queued and takes
-    no more; completions are dropped as they come, until no lane holds a job and the job
+    reset it (XRT gives user code no reset of a kernel): started in streaming mode
+    (``AP_START | AUTO_RESTART``: a one-shot start would also queue a job that an
+    interrupted submit left half staged), the jobs already queued run out and none is
+    added; completions are dropped as they come, until no lane holds a job and the job
     FIFO is empty. Then no job is left that could read or write buffers the caller
     releases next (the watchdog ends a job stuck on memory).
 
@@ -68,7 +69,7 @@ def drain(transport, timeout_s: float = 5.0) -> None:
             must not be reused: it may still access them).
     """
     t = transport
-    t.write32(Reg.AP_CTRL, Ctrl.AP_START)
+    t.write32(Reg.AP_CTRL, Ctrl.AP_START | Ctrl.AUTO_RESTART)
     depth = (t.read32(Reg.CONFIG) >> 16) & 0xFF
     deadline = time.monotonic() + timeout_s
     while True:

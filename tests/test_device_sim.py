@@ -485,6 +485,12 @@ def test_drain_brings_the_device_to_rest_through_its_registers(sim1):
         jobs.append((i, src.device_address, len(data), dst.device_address, _cap(data)))
     assert device.submit_many(jobs) == depth
     assert sim1.read32(Reg.BUSY) != 0
+    # An interrupted submit: the next job staged, never pushed; the drain must not run it.
+    _, in_addr, in_len, out_addr, cap = jobs[depth]
+    for offset, value in ((Reg.JOB_IN_ADDR_LO, in_addr), (Reg.JOB_IN_ADDR_HI, in_addr >> 32),
+                          (Reg.JOB_IN_LEN, in_len), (Reg.JOB_OUT_ADDR_LO, out_addr),
+                          (Reg.JOB_OUT_ADDR_HI, out_addr >> 32), (Reg.JOB_OUT_CAP, cap), (Reg.JOB_ID, 99)):
+        sim1.write32(offset, value & 0xFFFFFFFF)
     drain(sim1)
     assert (sim1.read32(Reg.BUSY), sim1.read32(Reg.JOB_PUSH), sim1.read32(Reg.DONE_COUNT)) == (0, depth, 0)
     at_rest = sim1.counters()
@@ -493,6 +499,7 @@ def test_drain_brings_the_device_to_rest_through_its_registers(sim1):
     now = sim1.counters()
     assert now["clocks"] > at_rest["clocks"]
     assert (now["read_beats"], now["write_beats"]) == (at_rest["read_beats"], at_rest["write_beats"])
+    assert not bufs[2 * depth + 1].array.any(), "the half-staged job ran"
     for buf in bufs:
         buf.free()
     device.reset()
