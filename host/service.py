@@ -250,7 +250,7 @@ class _Dispatcher(threading.Thread):
             self._add_reads()
             detail = f"{type(exc).__name__}: {exc}"
             log.error("device %d out of service: %s", self.number, detail)
-            self._abandon(detail)
+            self._abandon(detail, escalate=False)
             if self.current is not None:          # the jobs in hand when the fault struck
                 for task, data, *_ in self.current:
                     self.service._to_cpu(task, data, "device-fault", detail)
@@ -529,21 +529,34 @@ class _Dispatcher(threading.Thread):
             self.service.stats.read_seconds += self.read_seconds
         self.read_seconds = 0.0
 
-    def _abandon(self, detail: str) -> None:
+    def _abandon(self, detail: str, *, escalate: bool = True) -> None:
         """A device fault: reset the device (so it cannot write into buffers about to be
-        reused), then decode the jobs it held on the CPU."""
+        reused), then decode the jobs it held on the CPU. A reset that fails leaves the
+        device able to access those jobs' buffers: none is given back (close frees its
+        own), and with ``escalate`` a DeviceError takes the device out of service.
+
+        Raises:
+            DeviceError: the reset failed (``escalate`` only).
+        """
         held = list(self.inflight.values())
         self.inflight.clear()
         self.started.clear()
+        failed = None
         try:
             self.device.reset()
         except Exception as exc:  # the device may be gone entirely
             log.error("device %d reset failed: %s", self.number, exc)
+            failed = exc
         for task, data, src, dst, _ in held:
-            self.staging.append(src)
-            if dst is not None:
-                self._spare_output(dst)
+            if failed is None:
+                self.staging.append(src)
+                if dst is not None:
+                    self._spare_output(dst)
             self.service._to_cpu(task, data, "device-fault", detail)
+        if failed is not None and escalate:
+            from .device import DeviceError
+
+            raise DeviceError(f"its reset failed ({type(failed).__name__}: {failed}) after: {detail}") from failed
 
     def _drain_to_cpu(self, detail: str) -> None:
         """A dead device's queue: everything still sent to it goes to the CPU, until close."""

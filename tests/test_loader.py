@@ -1090,6 +1090,43 @@ def test_instant_faults_mid_batch_lose_nothing_and_reset_before_freeing(tmp_path
     pool.close()
 
 
+def test_a_device_whose_reset_fails_keeps_its_jobs_buffers_and_leaves_service(tmp_path, monkeypatch):
+    """A device that stops completing and then fails its reset (an XRT card that does
+    not come to rest) may still read and write the buffers of the jobs it held: they
+    were handed to the next jobs as if the reset had worked, and the device stayed in
+    use. Now they are not given back, and the device leaves service: every task is
+    decoded on the CPU (``device-fault``), exactly once."""
+    from dlbooster.hw.regs import Reg
+    from dlbooster.pool import SpillBuffer
+
+    paths, t, service, pool = _instant_service(tmp_path, 8, 32, 16 * 16)
+    events, write32 = [], t.write32
+    give_back = SpillBuffer.free
+    monkeypatch.setattr(SpillBuffer, "free", lambda room: (events.append(("free", room.device_address)),
+                                                           give_back(room))[1])
+    rooms = []
+
+    def write(offset, value):
+        if offset == Reg.JOB_PUSH:
+            rooms.append(t._staged[int(Reg.JOB_OUT_ADDR_LO)] | t._staged[int(Reg.JOB_OUT_ADDR_HI)] << 32)
+            events.append(("push",))
+        write32(offset, value)
+
+    def reset(clocks=0):
+        events.append(("reset",))
+        raise OSError("the card did not come to rest")
+
+    t.write32, t.reset = write, reset
+    t._run_queued = lambda: None                 # the device never completes a job
+    outcomes = _run_once_each(paths, service, pool)
+    assert set(outcomes.values()) == {("fallback", "device-fault")}
+    failed = events.index(("reset",))
+    assert rooms and ("push",) not in events[failed:], "the device stayed in service"
+    assert not {("free", room) for room in rooms} & set(events[failed:]), "a held job's room was given back"
+    service.close()
+    pool.close()
+
+
 def test_a_fault_while_completing_a_decoded_job_loses_no_image(tmp_path):
     """A fault in the middle of the common completion path (here: recording an image's
     size raises once) takes the device out of service; the image being completed and
