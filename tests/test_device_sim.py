@@ -487,6 +487,7 @@ def test_drain_brings_the_device_to_rest_through_its_registers(sim1):
     assert sim1.read32(Reg.BUSY) != 0
     # An interrupted submit: the next job staged, never pushed; the drain must not run it.
     _, in_addr, in_len, out_addr, cap = jobs[depth]
+    bufs[2 * depth + 1].array[:] = 0                 # memory an earlier test may have written
     for offset, value in ((Reg.JOB_IN_ADDR_LO, in_addr), (Reg.JOB_IN_ADDR_HI, in_addr >> 32),
                           (Reg.JOB_IN_LEN, in_len), (Reg.JOB_OUT_ADDR_LO, out_addr),
                           (Reg.JOB_OUT_ADDR_HI, out_addr >> 32), (Reg.JOB_OUT_CAP, cap), (Reg.JOB_ID, 99)):
