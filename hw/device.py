@@ -129,7 +129,8 @@ class Device(wiring.Component):
         # A staging register was written since the last push: a one-shot start queues
         # that job (XRT's kernel call writes the arguments, then AP_START).
         staged_new = Signal()
-        isr_set = Cat(finished, dones.w_en)
+        # As Xilinx's ap_ctrl_hs cores do, an event sets its ISR bit only while IER enables it.
+        isr_set = Cat(finished, dones.w_en) & ier
         isr_toggle = Signal(2)
         with m.If(write):
             with m.Switch(waddr):
@@ -163,7 +164,10 @@ class Device(wiring.Component):
             m.d.sync += staged_new.eq(0)
         # A new event wins over a clear written in the same clock (none is lost).
         m.d.sync += isr.eq((isr ^ isr_toggle) | isr_set)
-        m.d.comb += [jobs.w_data.eq(staged), jobs.w_en.eq(push), dones.r_en.eq(pop),
+        # One-shot mode drops the oldest completion when a lane must post to a full FIFO:
+        # XRT's own kernel calls never pop theirs, and would stall after done_depth runs.
+        make_room = Signal()
+        m.d.comb += [jobs.w_data.eq(staged), jobs.w_en.eq(push), dones.r_en.eq(pop | make_room),
                      self.interrupt.eq(gie & (ier & isr).any() & up)]
 
         # AXI4-Lite reads: one at a time; reading AP_CTRL clears ap_done.
@@ -217,7 +221,8 @@ class Device(wiring.Component):
             nxt_post = Signal()
             m.d.comb += nxt_post.eq(post | e.done.valid)
             post = nxt_post
-        m.d.comb += [jobs.r_en.eq(take), dones.w_en.eq(post & dones.w_rdy)]
+        m.d.comb += [jobs.r_en.eq(take), dones.w_en.eq(post & dones.w_rdy),
+                     make_room.eq(post & ~dones.w_rdy & ~auto_restart)]
 
         self._memory_port(m, engines, mem, up)
         return m
