@@ -391,6 +391,16 @@ def test_ap_ctrl_hs_and_interrupt(sim1):
     assert done.job_id == 9 and done.status == 0
 
 
+def _one_shot(transport, what: str) -> None:
+    """``AP_START`` alone, then wait for ap_done (at most 200,000 clocks)."""
+    transport.write32(Reg.AP_CTRL, Ctrl.AP_START)
+    for _ in range(1000):
+        if transport.read32(Reg.AP_CTRL) & Ctrl.AP_DONE:
+            return
+        transport.run(200)
+    raise AssertionError(f"{what}: no ap_done")
+
+
 def test_an_xrt_kernel_call_decodes_its_arguments(sim1):
     """XRT's own kernel call (``run = kernel(in, in_len, out, out_cap, id); run.wait()``)
     writes the arguments at kernel.xml's offsets (the staging registers) and sets
@@ -410,33 +420,19 @@ def test_an_xrt_kernel_call_decodes_its_arguments(sim1):
     for name, offset, size, _ in KERNEL_ARGS:
         for word in range(size // 4):
             sim1.write32(offset + 4 * word, (args[name] >> (32 * word)) & 0xFFFFFFFF)
-    sim1.write32(Reg.AP_CTRL, Ctrl.AP_START)
-    for _ in range(1000):
-        if sim1.read32(Reg.AP_CTRL) & Ctrl.AP_DONE:
-            break
-        sim1.run(200)
-    else:
-        raise AssertionError("no ap_done")
+    _one_shot(sim1, "the kernel call")
     assert (dst.array[:ref.size].reshape(ref.shape) == ref).all()
     assert sim1.read32(Reg.DONE_COUNT) == 1 and sim1.read32(Reg.DONE_ID) == 77
     sim1.write32(Reg.DONE_POP, 1)
     sim1.write32(Reg.JOB_PUSH, 1)                  # the same staged job, pushed explicitly
-    sim1.write32(Reg.AP_CTRL, Ctrl.AP_START)
-    while not sim1.read32(Reg.AP_CTRL) & Ctrl.AP_DONE:
-        sim1.run(200)
+    _one_shot(sim1, "the pushed job")
     assert sim1.read32(Reg.DONE_COUNT) == 1, "a start after JOB_PUSH queues no second job"
     # XRT's calls never pop their completions: past the FIFO's depth, one-shot mode
     # drops the oldest instead of stalling the lane.
     depth = (sim1.read32(Reg.CONFIG) >> 24) & 0xFF
     for job_id in range(100, 100 + depth + 2):
         sim1.write32(Reg.JOB_ID, job_id)
-        sim1.write32(Reg.AP_CTRL, Ctrl.AP_START)
-        for _ in range(1000):
-            if sim1.read32(Reg.AP_CTRL) & Ctrl.AP_DONE:
-                break
-            sim1.run(200)
-        else:
-            raise AssertionError(f"call {job_id}: no ap_done")
+        _one_shot(sim1, f"call {job_id}")
     assert sim1.read32(Reg.DONE_COUNT) == depth and sim1.read32(Reg.DONE_ID) == 100 + 2
     assert _violations(sim1) == 0
     for buf in (src, dst):
