@@ -1,13 +1,14 @@
 """``dlbooster.Loader``: the PyTorch data loader fed by the decode service.
 
-One producer thread walks this rank's shard of the epoch (:class:`~dlbooster.sampler.ShardSampler`,
-index for index the same as ``torch.utils.data.DistributedSampler``), takes a free batch
-buffer from the pool (:class:`~dlbooster.pool.BatchPool`; back-pressure when none is
-free) and submits one task per sample to the :class:`~dlbooster.service.DecodeService`,
-which decodes straight into the buffer's slots. The iterating thread takes the filled
-buffers in order, applies the outcome policy, moves the images to ``device`` (an
-asynchronous copy on a side CUDA stream, the buffer's reuse guarded by an event) and
-runs the optional device-side transform (:mod:`dlbooster.transforms`).
+The iterating thread walks this rank's shard of the epoch (:class:`~dlbooster.sampler.ShardSampler`,
+index for index the same as ``torch.utils.data.DistributedSampler``): for each free batch
+buffer of the pool (:class:`~dlbooster.pool.BatchPool`; its depth is the back-pressure)
+it submits a batch, one task per sample, to the :class:`~dlbooster.service.DecodeService`,
+which decodes straight into the buffer's slots. It takes the filled buffers in order,
+applies the outcome policy, moves the images to ``device`` (an asynchronous copy on a
+side CUDA stream, the buffer's reuse guarded by an event), runs the optional
+device-side transform (:mod:`dlbooster.transforms`), and submits the next batch into the
+buffer it freed before yielding.
 """
 
 from __future__ import annotations
@@ -211,7 +212,7 @@ class Loader:
             raise ValueError(f"{os.fspath(source)}: a folder of record sets (train/, val/); give one of them")
         else:
             self.samples = as_samples(source)
-        # Per sample, for the producer: a batch takes its paths by index and its labels in one step.
+        # Per sample, for submission: a batch takes its paths by index and its labels in one step.
         self._paths = [sample.path for sample in self.samples]
         self._labels = np.array([sample.label for sample in self.samples], np.int64)
         self.fidelity = fidelity
@@ -295,33 +296,38 @@ class Loader:
 
         paths, labels = self._paths, self._labels
 
-        def produce() -> None:
-            try:
-                for number, chunk in enumerate(chunks):
-                    buf = self.pool.acquire(stop=stop)
-                    if buf is None:
-                        if not stop.is_set():         # the pool closed under us
-                            raise RuntimeError("the loader was closed during the epoch")
-                        return
-                    n = buf.count = len(chunk)
-                    pending = _Pending(number, buf, n, on_ready)
-                    rows = np.array(chunk, np.int64)  # one conversion of the list, for both arrays
-                    buf.indices[:n] = rows
-                    buf.labels[:n] = labels[rows]
-                    done = pending.done
-                    if self.records is None:          # files: the service reads each path
-                        tasks = [Task(index, paths[index], buf, slot, done) for slot, index in enumerate(chunk)]
-                    else:
-                        reader = self._reader
-                        tasks = [Task(index, paths[index], buf, slot, done, reader(index))
-                                 for slot, index in enumerate(chunk)]
-                    self.service.submit_many(tasks)
-            except BaseException as exc:  # surfaces in the iterating thread
-                failure.append(exc)
-                with cond:
-                    cond.notify_all()
+        submitted = [0]                       # chunks handed to the service so far, in order
 
-        producer = threading.Thread(target=produce, name="dlbooster-producer", daemon=True)
+        def submit(wait: bool) -> None:
+            """Submit the next chunks while the pool has a free buffer (its depth is the
+            back-pressure); ``wait``: block for the first buffer, else take only a buffer
+            whose copy to the accelerator has finished. This runs on the iterating
+            thread, as DataLoader's main process queues its indices: a producer thread
+            cost a start per epoch and a thread hand-off per batch (issue 7)."""
+            while submitted[0] < len(chunks) and not stop.is_set():
+                buf = self.pool.acquire(stop=stop) if wait else self.pool.acquire(timeout=0, wait_copy=False)
+                if buf is None:
+                    if wait and not stop.is_set():    # the pool closed under us
+                        raise RuntimeError("the loader was closed during the epoch")
+                    return
+                wait = False
+                number = submitted[0]
+                chunk = chunks[number]
+                n = buf.count = len(chunk)
+                pending = _Pending(number, buf, n, on_ready)
+                rows = np.array(chunk, np.int64)  # one conversion of the list, for both arrays
+                buf.indices[:n] = rows
+                buf.labels[:n] = labels[rows]
+                done = pending.done
+                if self.records is None:          # files: the service reads each path
+                    tasks = [Task(index, paths[index], buf, slot, done) for slot, index in enumerate(chunk)]
+                else:
+                    reader = self._reader
+                    tasks = [Task(index, paths[index], buf, slot, done, reader(index))
+                             for slot, index in enumerate(chunk)]
+                submitted[0] += 1
+                self.service.submit_many(tasks)
+
         cleaned: list[bool] = []
 
         def cleanup() -> None:
@@ -330,7 +336,6 @@ class Loader:
             if cleaned:
                 return
             stop.set()
-            producer.join()
             self.service.drain()
             with cond:
                 while ready:                  # one at a time: an interrupt loses none
@@ -352,15 +357,15 @@ class Loader:
         start_wall, start_cpu = time.perf_counter(), time.process_time()
         queue_peak: Counter = Counter()
         images = 0
-        producer.start()
         try:
             for number in range(len(chunks)):
+                submit(wait=submitted[0] <= number)
                 with cond:
                     while number not in ready and not failure and not self._closed:
                         cond.wait(0.5)
                         for name, depth in self.service.queue_depths().items():
                             queue_peak[name] = max(queue_peak[name], depth)
-                    if self._closed:              # the producer's failure then says less
+                    if self._closed:
                         raise RuntimeError("the loader was closed during the epoch")
                     if failure:
                         raise failure[0]
@@ -369,6 +374,7 @@ class Loader:
                     if self._closed:              # closed since: the buffer's memory is freed
                         raise RuntimeError("the loader was closed during the epoch")
                     batch = self._finish(pending, report)
+                submit(wait=False)                # its buffer decodes during the consumer's step
                 images += len(batch[1])
                 if bar is not None:
                     bar.update(1)

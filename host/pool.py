@@ -179,10 +179,12 @@ class BatchPool:
             self._free.put(buf)
         self._closed = threading.Event()
 
-    def acquire(self, timeout: float | None = None, stop: threading.Event | None = None) -> BatchBuffer | None:
+    def acquire(self, timeout: float | None = None, stop: threading.Event | None = None,
+                wait_copy: bool = True) -> BatchBuffer | None:
         """A free buffer, cleared; waits for one (None after ``timeout`` seconds, once
         ``stop`` is set, or on close). A buffer whose last copy to the accelerator is
-        still running is waited for."""
+        still running is waited for; with ``wait_copy=False`` it stays in the free queue
+        and the call returns None instead (the caller must not block on the copy)."""
         while not self._closed.is_set() and not (stop is not None and stop.is_set()):
             try:
                 buf = self._free.get(timeout=0.1 if timeout is None else timeout)
@@ -191,6 +193,9 @@ class BatchPool:
                     return None
                 continue
             if buf.copied is not None:
+                if not wait_copy and not buf.copied.query():
+                    self._free.put(buf)
+                    return None
                 buf.copied.synchronize()
                 buf.copied = None
             buf.clear()

@@ -784,6 +784,49 @@ def test_a_new_iteration_ends_a_suspended_one(tiny_source):
         assert loader.pool.free == loader.pool.depth
 
 
+def test_the_next_batch_is_submitted_before_a_batch_is_yielded(tiny_source):
+    """The iterating thread submits batch n + 1 into the buffer batch n freed before it
+    yields batch n, so decoding overlaps the consumer's step (one pool buffer here)."""
+    with make_loader(tiny_source, 2, backend="cpu", prefetch=0, slot_pixels=32 * 32) as loader:
+        assert loader.pool.depth == 1
+        it = iter(loader)
+        assert next(it).indices.tolist() == [0, 1]
+        loader.service.drain()
+        assert sum(loader.service.stats.outcomes.values()) == 4      # batches 0 and 1, no more
+        assert loader.pool.free == 0
+        rest = list(it)
+        assert [b.indices.tolist() for b in rest] == [list(range(i, min(i + 2, N_SHARD))) for i in range(2, N_SHARD, 2)]
+        assert loader.pool.free == 1
+
+
+def test_taking_a_buffer_without_waiting_leaves_one_whose_copy_runs():
+    from dlbooster.pool import BatchPool
+
+    class Copy:
+        """Stands in for the torch.cuda.Event of a batch's copy (no GPU on this machine)."""
+
+        def __init__(self, done):
+            self.done, self.waited = done, 0
+
+        def query(self):
+            return self.done
+
+        def synchronize(self):
+            self.waited += 1
+            self.done = True
+
+    pool = BatchPool(2, 30, 1, pin=False)
+    buf = pool.acquire()
+    buf.copied = running = Copy(False)
+    pool.release(buf)
+    assert pool.acquire(timeout=0, wait_copy=False) is None
+    assert pool.free == 1 and running.waited == 0
+    assert pool.acquire(timeout=0) is buf and running.waited == 1 and buf.copied is None
+    buf.copied = finished = Copy(True)
+    pool.release(buf)
+    assert pool.acquire(timeout=0, wait_copy=False) is buf and buf.copied is None and finished.waited == 1
+
+
 # ---------------------------------------------------------------------------------
 # 8. Faults of the runtime itself (found in review)
 
