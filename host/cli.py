@@ -551,7 +551,7 @@ def _cmd_demo(args: argparse.Namespace) -> int:
 
 def _cmd_records(args: argparse.Namespace) -> int:
     from .bench import _table
-    from .records import RecordError, RecordSet, info, write_records
+    from .records import SUFFIX, RecordError, RecordSet, info, write_records
 
     if args.action == "write":
         if args.out is None:
@@ -561,6 +561,17 @@ def _cmd_records(args: argparse.Namespace) -> int:
         # The hymenoptera layout (train/ and val/) becomes two record sets, as `train` reads it.
         pairs = ([(src / "train", Path(args.out) / "train"), (src / "val", Path(args.out) / "val")]
                  if (src / "train").is_dir() and (src / "val").is_dir() else [(src, Path(args.out))])
+        # Every pair is checked before the first is written: a refusal after the train
+        # set would leave it behind (inside SRC's val/, a new class of its ImageFolder).
+        problem = None
+        if Path(os.path.realpath(args.out)).is_relative_to(os.path.realpath(src)):
+            problem = f"{args.out}: inside the source folder {src}"
+        for _, out in pairs:
+            if problem is None and out.is_dir() and any(out.glob("*" + SUFFIX)):
+                problem = f"{out}: already holds record files"
+        if problem is not None:
+            print(f"dlbooster records write: {problem}", file=sys.stderr)
+            return 2
         reports = {}
         for source, out in pairs:
             def show(done, total, name=source.name):
@@ -871,7 +882,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--no-verify", action="store_true",
                    help="write: skip the check that each image's full decode equals its source's")
     p.add_argument("--workers", type=_positive, help="write: jpegtran processes at once (default: CPU count)")
-    p.add_argument("--sample", type=_count, default=16, help="info: images whose PSNR is measured")
+    p.add_argument("--sample", type=_positive, default=16, help="info: images whose PSNR is measured")
     p.add_argument("--json", action="store_true", help="print the report as JSON")
     p.set_defaults(func=_cmd_records)
 

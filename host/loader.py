@@ -252,8 +252,10 @@ class Loader:
         if value is not None:
             if self.records is None:
                 raise ValueError("fidelity applies to a records source only")
-            if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= self.records.scans:
-                raise ValueError(f"fidelity must be 1..{self.records.scans} for {self.records.root}, not {value}")
+            if isinstance(value, bool) or not isinstance(value, numbers.Integral) or not 1 <= value <= self.records.scans:
+                raise ValueError(f"fidelity must be an integer 1..{self.records.scans} for {self.records.root}, "
+                                 f"not {value!r}")
+            value = int(value)
         self._fidelity = value
 
     def _reader(self, index: int):

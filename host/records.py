@@ -34,7 +34,8 @@ group 1 .. S          scan ``g`` of each image: the markers that precede it (DHT
 
 Image ``i`` at fidelity ``k`` is piece ``i`` of groups ``0..k`` followed by EOI
 (``FF D9``); fidelity ``S`` (or None) is the full image, whose decode is byte-identical
-to the source file's. The CRC-32 is zlib's (ISO-HDLC). Progressive JPEG is outside the
+to the source file's (checked as each image is written, unless ``verify=False``). The
+CRC-32 is zlib's (ISO-HDLC). Progressive JPEG is outside the
 decoder hardware's profile (SPEC.md section 2): record images decode on the CPU path.
 """
 
@@ -42,6 +43,7 @@ from __future__ import annotations
 
 import io
 import json
+import numbers
 import os
 import shutil
 import stat
@@ -395,21 +397,36 @@ class RecordFile:
     def __init__(self, path: str | os.PathLike):
         self.path = os.fspath(path)
         self._lock = threading.Lock()
-        self._identity: tuple[int, int, int] | None = None
+        self._identity: tuple[int, ...] | None = None
         with self._open() as f:
             self._read_header(f)
 
     def _open(self):
-        """The file, opened for reading (regular files only: a FIFO would block).
+        """The file, opened for reading (regular files only: a FIFO would block, and
+        opening one would release its writer; ``O_NONBLOCK`` covers a swap after the
+        check, as :func:`dlbooster.backends.read_file` does).
+
+        The file is the one this object opened when its device, inode, size, and
+        modification and status-change times are unchanged: ``cp -p``, ``rsync -t
+        --inplace`` or ``tar`` can give new contents the old inode and modification time,
+        and the change time tells them apart.
 
         Raises:
             RecordError: not a regular file, or not the file this object opened.
         """
         if not stat.S_ISREG(os.stat(self.path).st_mode):
             raise RecordError(f"{self.path}: not a regular file")
-        f = open(self.path, "rb")
-        st = os.fstat(f.fileno())
-        identity = (st.st_dev, st.st_ino, st.st_mtime_ns)
+        fd = os.open(self.path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+        try:
+            st = os.fstat(fd)
+            if not stat.S_ISREG(st.st_mode):
+                raise RecordError(f"{self.path}: not a regular file")
+            # Regular files ignore O_NONBLOCK: reads block as usual.
+            f = open(fd, "rb")
+        except BaseException:
+            os.close(fd)
+            raise
+        identity = (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
         if self._identity is None:
             self._identity = identity
         elif identity != self._identity:
@@ -536,6 +553,8 @@ class RecordFile:
             IndexError: no such image; ValueError: a fidelity below 1; RecordError: as
             :meth:`_check`, or the file is gone or no longer a record's length.
         """
+        if isinstance(index, bool) or not isinstance(index, numbers.Integral):
+            raise TypeError(f"{self.path}: an image index is an integer, not {index!r}")
         if not 0 <= index < self.images:
             raise IndexError(f"{self.path}: image {index} out of range 0..{self.images - 1}")
         k = min(self._fidelity(fidelity), self.scan_counts[index])

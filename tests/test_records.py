@@ -11,8 +11,10 @@ from __future__ import annotations
 import io
 import json
 import os
+import re
 import shutil
 import struct
+import time
 from pathlib import Path
 
 import numpy as np
@@ -344,8 +346,19 @@ def test_loader_reads_records_at_each_fidelity(written):
     sampler = torch.utils.data.DistributedSampler(range(len(records)), num_replicas=2, rank=1, shuffle=True, seed=3)
     with Loader(records, 2, backend="cpu", seed=3, rank=1, world_size=2, fidelity=2) as loader:
         assert [i for b in loader for i in b.indices.tolist()] == list(sampler)
-    with pytest.raises(ValueError, match="fidelity must be 1..18"):
+    with pytest.raises(ValueError, match="fidelity must be an integer 1..18 for .*, not 19$"):
         Loader(records, 2, backend="cpu", fidelity=19)
+    with pytest.raises(ValueError, match="not '2'$"):
+        Loader(records, 2, backend="cpu", fidelity="2")
+    # A NumPy integer is an integer, as RecordFile.image takes it.
+    with Loader(records, 2, backend="cpu", shuffle=False, fidelity=np.int64(2)) as loader:
+        assert loader.fidelity == 2 and type(loader.fidelity) is int
+        assert next(iter(loader)).outcomes == []
+    rf = records.files[0]
+    for index in (1.5, True, "0"):
+        with pytest.raises(TypeError, match=f"^{re.escape(rf.path)}: an image index is an integer, not "):
+            rf.image(index)
+    assert rf.image(np.int64(0)) == rf.image(0)
     with pytest.raises(ValueError, match="records source only"):
         Loader([(str(rec), 0)], 2, backend="cpu", fidelity=1)
 
@@ -393,13 +406,57 @@ def test_a_record_file_changed_after_opening_is_reported(written, tmp_path):
     shutil.copy(rec / first.name, first)             # the same bytes, written again
     with pytest.raises(R.RecordError, match=r"changed after it was opened"):
         rf.read_prefix(1)
+    # New contents in place with the old inode and modification time (cp -p, rsync -t
+    # --inplace, tar): only the status-change time tells them apart.
+    third = R.RecordFile(folder / sorted(rec.glob("*.pcr"))[2].name)
+    victim, before = Path(third.path), os.stat(third.path)
+    data = bytearray(victim.read_bytes())
+    data[-1] ^= 0xFF
+    while time.time_ns() - before.st_ctime_ns < 50_000_000:   # past the file clock's coarse tick
+        time.sleep(0.01)
+    with open(victim, "r+b") as f:
+        f.write(data)
+    os.utime(victim, ns=(before.st_atime_ns, before.st_mtime_ns))
+    after = os.stat(victim)
+    assert (after.st_ino, after.st_size, after.st_mtime_ns) == (before.st_ino, before.st_size, before.st_mtime_ns)
+    with pytest.raises(R.RecordError, match=r"changed after it was opened"):
+        third.image(0)
     with Loader(records, 4, backend="cpu", shuffle=False, on_error="skip") as loader:
         delivered = sum(len(b.indices) for b in loader)
         skipped = {o.index: o.detail for o in loader.report.skipped}
-    # The first file's images: changed; the second's: its file is gone; the rest: read.
-    n1, n2 = records.files[0].images, records.files[1].images
-    assert delivered == records.images - n1 - n2 and sorted(skipped) == list(range(n1 + n2))
-    assert all("changed after it was opened" in skipped[i] for i in range(n1))
+    # The first and third files' images: changed; the second's: its file is gone; the rest: read.
+    n1, n2, n3 = (f.images for f in records.files[:3])
+    assert delivered == records.images - n1 - n2 - n3 and sorted(skipped) == list(range(n1 + n2 + n3))
+    assert all("changed after it was opened" in skipped[i] for i in [*range(n1), *range(n1 + n2, n1 + n2 + n3)])
+
+
+def test_a_fifo_swapped_in_after_the_check_is_not_waited_on(written, tmp_path, monkeypatch):
+    """The path is checked to be a regular file, then opened: a FIFO put there in
+    between blocked ``open()`` until a writer came (forever, without one). The file is
+    opened without blocking and checked again."""
+    import threading
+
+    _, rec, _ = written
+    fifo = tmp_path / "swapped.pcr"
+    os.mkfifo(fifo)
+    real_stat, record = os.stat, str(next(rec.glob("*.pcr")))
+    # os.stat answers for the record file, as it would have just before the swap.
+    monkeypatch.setattr(R.os, "stat", lambda path, *a, **k: real_stat(record if os.fspath(path) == str(fifo)
+                                                                      else path, *a, **k))
+    result = []
+
+    def open_it():
+        try:
+            R.RecordFile(fifo)
+        except R.RecordError as exc:
+            result.append(str(exc))
+
+    thread = threading.Thread(target=open_it, daemon=True)
+    thread.start()
+    thread.join(10)
+    if thread.is_alive():                          # release the blocked open() before failing
+        os.close(os.open(fifo, os.O_WRONLY))
+    assert not thread.is_alive() and result == [f"{fifo}: not a regular file"]
 
 
 def test_device_backend_sends_records_to_the_cpu(written):
@@ -467,7 +524,10 @@ def _cli(*args) -> tuple[int, str, str]:
 
     out, err = io.StringIO(), io.StringIO()
     with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-        code = main(list(args))
+        try:
+            code = main(list(args))
+        except SystemExit as exc:             # argparse's refusals
+            code = exc.code
     return code, out.getvalue(), err.getvalue()
 
 
@@ -503,6 +563,18 @@ def test_cli_write_info_and_train(tmp_path):
     assert code == 0 and "PSNR mean dB" in out
     code, _, err = _cli("records", "write", str(src), str(tmp_path / "rec"))
     assert code == 2 and "already holds record files" in err
+    # Train/val pairs are checked together before anything is written: output inside
+    # SRC/val would become a class of that ImageFolder, and val's records beside old
+    # ones would leave a new train set behind.
+    before = sorted(p.relative_to(src) for p in src.rglob("*"))
+    code, _, err = _cli("records", "write", str(src), str(src / "val" / "recs"))
+    assert code == 2 and f"{src / 'val' / 'recs'}: inside the source folder {src}" in err
+    assert sorted(p.relative_to(src) for p in src.rglob("*")) == before
+    (tmp_path / "half" / "val").mkdir(parents=True)
+    shutil.copy(next((tmp_path / "rec" / "val").glob("*.pcr")), tmp_path / "half" / "val")
+    code, _, err = _cli("records", "write", str(src), str(tmp_path / "half"))
+    assert code == 2 and f"{tmp_path / 'half' / 'val'}: already holds record files" in err
+    assert not (tmp_path / "half" / "train").exists()
     code, _, err = _cli("records", "info", str(tmp_path))
     assert code == 2 and "no record files" in err
     code, _, err = _cli("records", "info", str(tmp_path / "nowhere"))
@@ -513,7 +585,7 @@ def test_cli_write_info_and_train(tmp_path):
     with pytest.raises(ValueError, match="a folder of record sets"):
         Loader(str(tmp_path / "rec"), 2, backend="cpu")
     code, _, err = _cli("records", "info", str(tmp_path / "rec" / "val"), "--sample", "0")
-    assert code == 2 and "sample must be at least 1" in err
+    assert code == 2 and "--sample: must be at least 1, not 0" in err
     code, _, err = _cli("records", "info", str(tmp_path / "rec" / "val"), "extra")
     assert code == 2 and "takes one DIR" in err
 
