@@ -551,7 +551,7 @@ def _cmd_demo(args: argparse.Namespace) -> int:
 
 def _cmd_records(args: argparse.Namespace) -> int:
     from .bench import _table
-    from .records import SUFFIX, RecordError, RecordSet, info, write_records
+    from .records import RecordError, RecordSet, info, record_paths, write_records
 
     if args.action == "write":
         if args.out is None:
@@ -567,7 +567,7 @@ def _cmd_records(args: argparse.Namespace) -> int:
         if Path(os.path.realpath(args.out)).is_relative_to(os.path.realpath(src)):
             problem = f"{args.out}: inside the source folder {src}"
         for _, out in pairs:
-            if problem is None and out.is_dir() and any(out.glob("*" + SUFFIX)):
+            if problem is None and out.is_dir() and record_paths(out):
                 problem = f"{out}: already holds record files"
         if problem is not None:
             print(f"dlbooster records write: {problem}", file=sys.stderr)

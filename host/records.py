@@ -282,7 +282,7 @@ def write_records(src: str | os.PathLike, out_dir: str | os.PathLike, *, images_
     jpegtran = _jpegtran(jpegtran)
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    if any(out.glob("*" + SUFFIX)):
+    if record_paths(out):
         raise FileExistsError(f"{out}: already holds record files")
     root = os.path.abspath(src)
     report = WriteReport()
@@ -646,7 +646,7 @@ class RecordSet:
         self.root = os.fspath(root)
         if not os.path.isdir(self.root):
             raise FileNotFoundError(f"{self.root}: no such folder")
-        paths = sorted(Path(self.root).glob("*" + SUFFIX))
+        paths = record_paths(self.root)
         if not paths:
             raise FileNotFoundError(f"{self.root}: no record files (*{SUFFIX})")
         self.files = [RecordFile(p) for p in paths]
@@ -681,8 +681,14 @@ class RecordSet:
 
 def is_record_dir(path: str | os.PathLike) -> bool:
     """Whether ``path`` is a folder holding record files."""
-    p = Path(path)
-    return p.is_dir() and any(p.glob("*" + SUFFIX))
+    return os.path.isdir(path) and bool(record_paths(path))
+
+
+def record_paths(folder: str | os.PathLike) -> list[Path]:
+    """The record files of ``folder`` (``*.pcr``), in name order. Hidden names (a leading
+    dot) are left out, as the shell's and :mod:`glob`'s ``*`` leaves them out: macOS
+    copies put an AppleDouble ``._NAME`` beside each file, which is no record."""
+    return sorted(p for p in Path(folder).glob("*" + SUFFIX) if not p.name.startswith("."))
 
 
 # -------------------------------------------------------------------------------- info

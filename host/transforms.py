@@ -21,6 +21,7 @@ that :meth:`DeviceTransform.set_epoch` reseeds so that runs are reproducible.
 from __future__ import annotations
 
 import math
+import numbers
 from collections.abc import Sequence
 
 import torch
@@ -89,9 +90,10 @@ def _check_sizes(sizes: Tensor) -> Tensor:
 
 
 def _check_size(name: str, value) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+    # Any integer type (NumPy's too, as argparse or a config may hand over), never a bool.
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 1:
         raise ValueError(f"{name} must be a positive int, got {value!r}")
-    return value
+    return int(value)
 
 
 def _check_range(name: str, value, low_ok) -> tuple[float, float]:
@@ -310,6 +312,8 @@ class DeviceTransform:
             raise ValueError("mean and std must have one value per RGB channel")
         if not all(math.isfinite(s) and s > 0 for s in std) or not all(map(math.isfinite, mean)):
             raise ValueError(f"std must be finite and > 0 and mean finite, got {mean}, {std}")
+        if not isinstance(dtype, torch.dtype):
+            raise TypeError(f"dtype must be a torch.dtype (e.g. torch.float16), got {dtype!r}")
         if not dtype.is_floating_point:
             raise ValueError(f"dtype must be a floating point dtype, got {dtype}")
         self.crop = crop

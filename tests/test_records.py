@@ -101,6 +101,25 @@ def test_write_is_lossless_and_ordered(written):
         assert rf.scan_counts[i] == (6 if "gray" in sample.path else 18 if "cmyk" in sample.path else 10)
 
 
+def test_hidden_files_beside_the_records_are_not_records(written, tmp_path):
+    """macOS copies put an AppleDouble ``._NAME`` beside each file: no record, as the
+    shell's ``*`` leaves it out."""
+    _, rec, _ = written
+    copy = tmp_path / "copy"
+    shutil.copytree(rec, copy)
+    for path in sorted(copy.glob("*.pcr")):
+        (copy / f"._{path.name}").write_bytes(b"\x00\x05\x16\x07" + bytes(80))
+    records = R.RecordSet(copy)
+    assert [rf.path for rf in records.files] == [str(p) for p in sorted(copy.glob("[!.]*.pcr"))]
+    assert len(records.files) == 3 and len(records) == len(R.RecordSet(rec))
+    hidden_only = tmp_path / "hidden"
+    hidden_only.mkdir()
+    (hidden_only / "._records-00000.pcr").write_bytes(bytes(84))
+    assert not R.is_record_dir(hidden_only)
+    with pytest.raises(FileNotFoundError, match="no record files"):
+        R.RecordSet(hidden_only)
+
+
 def test_fidelities_decode_and_grow(written):
     _, rec, _ = written
     records = R.RecordSet(rec)

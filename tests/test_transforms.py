@@ -6,6 +6,7 @@ import math
 import os
 import shutil
 
+import numpy as np
 import pytest
 import torch
 import torchvision.transforms as T
@@ -220,6 +221,14 @@ def test_rejects_bad_crop_arguments():
     for kw in ({"size": 300}, {"size": 0}, {"resize": -1}):
         with pytest.raises(ValueError):
             CenterCrop(**kw)
+
+
+def test_crop_sizes_of_any_integer_type_are_plain_ints():
+    crops = [RandomResizedCrop(np.int64(8)), CenterCrop(np.int32(8), np.uint16(10)), train_transform(np.int64(8)).crop]
+    assert [type(c.size) for c in crops] == [int, int, int] and [c.size for c in crops] == [8, 8, 8]
+    assert type(crops[1].resize) is int and crops[1].resize == 10
+    with pytest.raises(ValueError, match="positive int"):
+        RandomResizedCrop(np.int64(0))
 
 
 # --- DeviceTransform ----------------------------------------------------------------
@@ -454,3 +463,5 @@ def test_rejects_bad_transform_arguments():
             identity_transform(**kw)
     with pytest.raises(TypeError):
         DeviceTransform(lambda ims, g: ims)
+    with pytest.raises(TypeError, match=r"torch\.dtype .*'float16'"):
+        identity_transform(dtype="float16")
