@@ -902,8 +902,13 @@ def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
                         format="%(name)s: %(message)s")
+    from .sim.flow import CacheError
+
     try:
         return args.func(args)
+    except CacheError as exc:          # the simulators' build cache: DLBOOSTER_CACHE names another
+        print(f"dlbooster {args.command}: {exc}", file=sys.stderr)
+        return 1
     except BrokenPipeError:
         # The reader went away (`| head`): stop quietly, as other command-line tools do, and
         # keep the interpreter's final flush from raising again.

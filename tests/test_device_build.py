@@ -6,6 +6,7 @@ harnesses share."""
 
 from __future__ import annotations
 
+import hashlib
 import re
 from pathlib import Path
 
@@ -102,6 +103,168 @@ def test_verilated_builds_are_cached_by_digest_and_concurrent_builds_share_one(t
     assert subprocess.run([str(other)], capture_output=True, text=True, check=True).stdout == "50\n"
 
 
+def _counter_build(folder: Path, cpp: Path, step: int) -> Path:
+    from dlbooster.sim.flow import build_verilated
+
+    return build_verilated(_COUNTER.format(step=step), "counter", cpp, ["-CFLAGS", "-O1"], folder=folder,
+                           name="counter", output="Vcounter", sources=[_COUNTER_MAIN])
+
+
+@pytest.mark.skipif(not simulator_available("verilator"), reason="verilator not installed")
+def test_a_partial_or_damaged_build_is_built_again(tmp_path, monkeypatch):
+    """A product that a killed linker left (no record of a finished build), or one
+    damaged since (its hash differs), is built again instead of loaded: loading a
+    truncated shared library ends the process with a bus error."""
+    import subprocess
+
+    from dlbooster.sim import flow
+
+    builds = []
+    real_run = subprocess.run
+    monkeypatch.setattr(flow.subprocess, "run",
+                        lambda cmd, *a, **kw: (builds.append(cmd) if "-Mdir" in cmd else None) or real_run(cmd, *a, **kw))
+    cpp = tmp_path / "main.cpp"
+    cpp.write_text(_COUNTER_MAIN)
+    exe = _counter_build(tmp_path / "cache", cpp, 2)
+    assert len(builds) == 1 and flow.product_ok(exe)
+    assert not exe.with_name("Vcounter.partial").exists()
+    whole = exe.read_bytes()
+
+    exe.write_bytes(whole[: len(whole) // 2])                 # damaged after its build
+    assert not flow.product_ok(exe)
+    assert _counter_build(tmp_path / "cache", cpp, 2) == exe and len(builds) == 2
+    assert real_run([str(exe)], capture_output=True, text=True, check=True).stdout == "20\n"
+
+    exe.write_bytes(b"")                                        # a link killed at its start
+    exe.with_name("Vcounter.sha256").unlink()
+    assert _counter_build(tmp_path / "cache", cpp, 2) == exe and len(builds) == 3
+    assert real_run([str(exe)], capture_output=True, text=True, check=True).stdout == "20\n"
+
+    # A finished build is taken without the lock, so a read-only cache serves it.
+    monkeypatch.setattr(flow, "_locked", lambda *a, **kw: pytest.fail("locked a finished build"))
+    assert _counter_build(tmp_path / "cache", cpp, 2) == exe and len(builds) == 3
+
+
+_ORPHANED_BUILD = """
+import sys
+from pathlib import Path
+sys.path.insert(0, {tests!r})
+from test_device_build import _counter_build
+_counter_build(Path({folder!r}), Path({cpp!r}), 7)
+"""
+
+
+@pytest.mark.skipif(not simulator_available("verilator"), reason="verilator not installed")
+def test_a_build_outlives_its_killed_python_process_with_the_lock(tmp_path, monkeypatch, caplog):
+    """A build's compiler and linker inherit its lock: when the Python process that
+    started it is killed, they run on, and another process waits for them instead of
+    building in the same folder at the same time."""
+    import logging
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from dlbooster.sim import flow
+
+    cpp = tmp_path / "main.cpp"
+    cpp.write_text(_COUNTER_MAIN)
+    folder = tmp_path / "cache"
+    script = _ORPHANED_BUILD.format(tests=str(Path(__file__).parent), folder=str(folder), cpp=str(cpp))
+    child = subprocess.Popen([sys.executable, "-c", script], start_new_session=True)
+    deadline = time.monotonic() + 120
+    while not list(folder.glob("counter-*/obj")) and time.monotonic() < deadline and child.poll() is None:
+        time.sleep(0.05)
+    assert list(folder.glob("counter-*/obj")), "the build did not start"
+    child.kill()                                                # the Python process alone
+    child.wait()
+
+    def group_alive() -> bool:
+        """A process of the killed one's group still runs (zombies, which an init that
+        is slow to reap keeps, do not count)."""
+        for stat in Path("/proc").glob("[0-9]*/stat"):
+            try:
+                fields = stat.read_text().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            if int(fields[2]) == child.pid and fields[0] != "Z":
+                return True
+        return False
+
+    assert group_alive(), "the orphaned build ended before the test could race it"
+    (build_dir,) = (obj.parent for obj in folder.glob("counter-*/obj"))
+    assert not (build_dir / "Vcounter.partial").exists()
+    linked_before = []                # at this process's own build: had the orphaned one linked?
+    real_run = subprocess.run
+
+    def run(cmd, *a, **kw):
+        if "-Mdir" in cmd:
+            linked_before.append((build_dir / "Vcounter.partial").exists())
+        return real_run(cmd, *a, **kw)
+
+    monkeypatch.setattr(flow.subprocess, "run", run)
+    try:
+        with caplog.at_level(logging.WARNING, logger="dlbooster.sim.flow"):
+            exe = _counter_build(folder, cpp, 7)
+    finally:
+        if group_alive():
+            os.killpg(child.pid, signal.SIGKILL)
+    assert any("waiting for another process to finish the build of counter-" in r.getMessage()
+               for r in caplog.records)
+    # It waited for the orphaned build to end, then finished its work (make finds
+    # everything built; the rename and the record were the killed process's to do).
+    assert linked_before == [True]
+    assert flow.product_ok(exe)
+    assert real_run([str(exe)], capture_output=True, text=True, check=True).stdout == "70\n"
+
+
+def test_the_cache_folder_is_absolute_and_an_unusable_one_is_one_line(tmp_path, monkeypatch, capsys):
+    """make runs in folders of its own, so a relative DLBOOSTER_CACHE is made absolute (an
+    empty one is the default); a folder that cannot be made is a CacheError, which the
+    command line prints as one line."""
+    from dlbooster.cli import main
+    from dlbooster.sim.flow import CacheError, cache_root
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    monkeypatch.setenv("DLBOOSTER_CACHE", "relative")
+    assert cache_root() == tmp_path / "relative" and cache_root().is_dir()
+    monkeypatch.setenv("DLBOOSTER_CACHE", "~/elsewhere")
+    assert cache_root() == tmp_path / "home" / "elsewhere"
+    monkeypatch.setenv("DLBOOSTER_CACHE", "")
+    assert cache_root() == tmp_path / "home" / ".cache" / "dlbooster"
+
+    (tmp_path / "a-file").write_bytes(b"")
+    monkeypatch.setenv("DLBOOSTER_CACHE", str(tmp_path / "a-file"))
+    with pytest.raises(CacheError, match=r"build cache .*a-file \(DLBOOSTER_CACHE\) cannot be used: File exists"):
+        cache_root()
+    (tmp_path / "x.jpg").write_bytes(b"\xff\xd8")
+    assert main(["decode", "--backend", "sim", str(tmp_path / "x.jpg")]) == 1
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("dlbooster decode: build cache ") and "a-file" in err
+
+
+def test_the_build_environment_and_the_runtime_modules_the_gateware_imports_are_in_the_cache_keys(monkeypatch):
+    """make takes MAKEFLAGS and CXX from the environment, and the gateware imports the
+    runtime's zigzag order: a change to either must not reuse an old build."""
+    from dlbooster.sim import device, flow
+
+    monkeypatch.delenv("MAKEFLAGS", raising=False)
+    plain = flow.build_environment_key()
+    assert plain[-1], "the C++ compiler's version"
+    monkeypatch.setenv("MAKEFLAGS", "OPT_FAST=-O0")
+    assert flow.build_environment_key() != plain
+    key = device._source_key({"lanes": 1})
+    monkeypatch.setenv("MAKEFLAGS", "OPT_FAST=-O1")
+    assert device._source_key({"lanes": 1}) != key
+    import dlbooster.hw.idct
+    import dlbooster.jpeg
+
+    sources = {p.resolve() for p in device._gateware_sources()}
+    assert {Path(dlbooster.jpeg.__file__).resolve(), Path(dlbooster.hw.idct.__file__).resolve()} <= sources
+
+
 def test_a_device_outside_its_register_fields_is_refused():
     """BUSY has a bit per lane (32) and CONFIG 8 bits of job FIFO depth: a device beyond
     them is refused with ValueError, not built with fields that overflow."""
@@ -122,8 +285,12 @@ def test_a_device_build_says_so_before_its_minutes_of_silence(tmp_path, monkeypa
 
     import dlbooster.sim.device as simdev
 
-    product = tmp_path / "libdlbdevice.so"
-    product.write_bytes(b"")
+    # A finished build (with its record) where builds go: the index holds its path
+    # relative to the cache, which may be moved whole.
+    product = tmp_path / "cache" / "device" / "built" / "libdlbdevice.so"
+    product.parent.mkdir(parents=True)
+    product.write_bytes(b"library")
+    product.with_name("libdlbdevice.so.sha256").write_text(hashlib.sha256(b"library").hexdigest())
     monkeypatch.setenv("DLBOOSTER_CACHE", str(tmp_path / "cache"))
     monkeypatch.setattr(simdev, "export_flat_verilog", lambda device, top: "")
     builds = []
@@ -137,3 +304,8 @@ def test_a_device_build_says_so_before_its_minutes_of_silence(tmp_path, monkeypa
     caplog.clear()
     assert simdev.build_device_library(lanes=2, max_width=64) == product     # the index finds it
     assert len(builds) == 1 and not caplog.records
+    (index,) = (tmp_path / "cache" / "device").glob("index-*")
+    assert index.read_text() == "built/libdlbdevice.so"
+    product.write_bytes(b"librar")                        # damaged: not taken from the index
+    simdev.build_device_library(lanes=2, max_width=64)
+    assert len(builds) == 2
