@@ -1002,8 +1002,11 @@ SHIPPED_PROFILES = {
 
 
 def profile_dir() -> Path:
-    """Where calibrated profiles are kept (``$DLBOOSTER_CACHE/profiles``)."""
-    return Path(os.environ.get("DLBOOSTER_CACHE", Path.home() / ".cache" / "dlbooster")) / "profiles"
+    """Where calibrated profiles are kept (``$DLBOOSTER_CACHE/profiles``: the build cache's
+    folder, :func:`dlbooster.sim.flow.cache_path`)."""
+    from .sim.flow import cache_path
+
+    return cache_path() / "profiles"
 
 
 def load_profile(name: str, *, procs: int = 1) -> Profile:

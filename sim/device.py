@@ -31,7 +31,7 @@ from pathlib import Path
 import numpy as np
 
 from .flow import (SPEED_CONFIG, VERILATOR_FLAGS, build_environment_key, build_verilated, cache_root,
-                   export_flat_verilog, product_ok, toolchain_env, verilator_version)
+                   export_flat_verilog, make_folder, product_ok, toolchain_env, verilator_version)
 
 __all__ = ["SimTransport", "SimBuffer", "build_device_library", "PortBehaviour"]
 
@@ -106,8 +106,7 @@ def build_device_library(lanes: int = 1, max_width: int = 8192, data_width: int 
     toolchain_env()
     params = {"lanes": lanes, "max_width": max_width, "data_width": data_width,
               "job_depth": job_depth, "done_depth": done_depth}
-    root = cache_root() / "device"
-    root.mkdir(parents=True, exist_ok=True)
+    root = make_folder(cache_root() / "device")
     index = root / f"index-{_source_key(params)}"
     try:
         known = root / index.read_text()    # relative: the cache may be moved or copied whole

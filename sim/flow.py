@@ -26,7 +26,7 @@ from pathlib import Path
 
 log = logging.getLogger(__name__)
 
-__all__ = ["CacheError", "cache_root", "toolchain_env", "export_verilog", "export_flat_verilog", "simulator_available",
+__all__ = ["CacheError", "cache_path", "cache_root", "make_folder", "toolchain_env", "export_verilog", "export_flat_verilog", "simulator_available",
            "run_cocotb", "lint_verilog", "verilator_version", "build_verilated"]
 
 
@@ -45,21 +45,33 @@ class CacheError(OSError):
     """The build cache's folder cannot be made or written; the message names it."""
 
 
-def cache_root() -> Path:
-    """Root of dlbooster's build cache: ``$DLBOOSTER_CACHE`` (``~`` expanded, made
+def cache_path() -> Path:
+    """dlbooster's cache folder, not created: ``$DLBOOSTER_CACHE`` (``~`` expanded, made
     absolute: the builds run make in folders of their own) or, when that is unset or
-    empty, ``~/.cache/dlbooster``.
+    empty, ``~/.cache/dlbooster``."""
+    value = os.environ.get("DLBOOSTER_CACHE") or str(Path.home() / ".cache" / "dlbooster")
+    return Path(value).expanduser().absolute()
+
+
+def make_folder(path: Path) -> Path:
+    """Create ``path`` (and its parents) in the cache; returns it.
+
+    Raises:
+        CacheError: it cannot be created (a file in the way, no permission)."""
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise CacheError(f"build cache {path} (DLBOOSTER_CACHE) cannot be used: {exc.strerror or exc}") from exc
+    return path
+
+
+def cache_root() -> Path:
+    """Root of dlbooster's build cache (:func:`cache_path`), created.
 
     Raises:
         CacheError: the folder cannot be created (a file in the way, no permission).
     """
-    value = os.environ.get("DLBOOSTER_CACHE") or str(Path.home() / ".cache" / "dlbooster")
-    root = Path(value).expanduser().absolute()
-    try:
-        root.mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
-        raise CacheError(f"build cache {root} (DLBOOSTER_CACHE) cannot be used: {exc.strerror or exc}") from exc
-    return root
+    return make_folder(cache_path())
 
 
 def toolchain_env() -> None:
@@ -134,8 +146,16 @@ def build_environment_key() -> list[str]:
     """What the build environment adds to a C++ build's cache key: the variables of
     :data:`_BUILD_ENV` as set, and the C++ compiler's version (``$CXX``, else ``c++``;
     Verilator's makefiles use ``CXX``)."""
-    return [f"{name}={os.environ.get(name, '')}" for name in _BUILD_ENV] + [
-        _compiler_version(os.environ.get("CXX") or "c++")]
+    def value(name: str) -> str:
+        text = os.environ.get(name, "")
+        if name == "MAKEFLAGS":
+            # Only its variable assignments change a build: its flags and jobserver
+            # details differ between a shell and a make recipe (GNU make 4.4 names a
+            # fresh jobserver FIFO per run).
+            text = " ".join(word for word in text.split() if "=" in word and not word.startswith("-"))
+        return f"{name}={text}"
+
+    return [value(name) for name in _BUILD_ENV] + [_compiler_version(os.environ.get("CXX") or "c++")]
 
 
 def product_ok(product: Path) -> bool:
@@ -194,15 +214,22 @@ def build_verilated(verilog: str, top: str, cpp: Path, flags: list[str], *, fold
         return product
     with _locked(folder / f"{name}-{digest}.lock", f"the build of {build_dir.name}") as lock:
         if not product_ok(product):
-            build_dir.mkdir(parents=True, exist_ok=True)
             record = product.with_name(product.name + ".sha256")
-            record.unlink(missing_ok=True)
-            (build_dir / f"{top}.v").write_text(verilog)
-            env = dict(os.environ, MAKEFLAGS=_pch_makeflags(os.environ.get("MAKEFLAGS")))
+            # A partial product a killed linker left is newer than the objects: make would
+            # take it as built.
             partial = product.with_name(product.name + ".partial")
+            try:
+                make_folder(build_dir)
+                record.unlink(missing_ok=True)
+                partial.unlink(missing_ok=True)
+                (build_dir / f"{top}.v").write_text(verilog)
+                log = open(build_dir / "build.log", "w")
+            except OSError as exc:
+                raise CacheError(f"build cache {build_dir}: {exc.strerror or exc}") from exc
+            env = dict(os.environ, MAKEFLAGS=_pch_makeflags(os.environ.get("MAKEFLAGS")))
             cmd = ["verilator", *cmd_flags, "-Mdir", str(build_dir / "obj"), "-o", str(partial),
                    str(SPEED_CONFIG), str(build_dir / f"{top}.v"), str(cpp)]
-            with open(build_dir / "build.log", "w") as log:
+            with log:
                 subprocess.run(cmd, check=True, stdout=log, stderr=subprocess.STDOUT, env=env,
                                pass_fds=(lock.fileno(),))
             with open(partial, "rb") as f:
@@ -263,8 +290,8 @@ def _locked(path: Path, what: str = "a build"):
 
     Raises:
         CacheError: the lock file cannot be created."""
+    make_folder(path.parent)
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)
         lock = open(path, "a")
     except OSError as exc:
         raise CacheError(f"build cache: cannot create {path}: {exc.strerror or exc}") from exc

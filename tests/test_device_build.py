@@ -140,9 +140,17 @@ def test_a_partial_or_damaged_build_is_built_again(tmp_path, monkeypatch):
     assert _counter_build(tmp_path / "cache", cpp, 2) == exe and len(builds) == 3
     assert real_run([str(exe)], capture_output=True, text=True, check=True).stdout == "20\n"
 
+    # A link killed before its rename leaves a partial product newer than the objects,
+    # which make alone would take as built.
+    exe.with_name("Vcounter.partial").write_bytes(whole[: len(whole) // 3])
+    exe.unlink()
+    exe.with_name("Vcounter.sha256").unlink()
+    assert _counter_build(tmp_path / "cache", cpp, 2) == exe and len(builds) == 4
+    assert exe.read_bytes() == whole and flow.product_ok(exe)
+
     # A finished build is taken without the lock, so a read-only cache serves it.
     monkeypatch.setattr(flow, "_locked", lambda *a, **kw: pytest.fail("locked a finished build"))
-    assert _counter_build(tmp_path / "cache", cpp, 2) == exe and len(builds) == 3
+    assert _counter_build(tmp_path / "cache", cpp, 2) == exe and len(builds) == 4
 
 
 _ORPHANED_BUILD = """
@@ -232,13 +240,25 @@ def test_the_cache_folder_is_absolute_and_an_unusable_one_is_one_line(tmp_path, 
     assert cache_root() == tmp_path / "relative" and cache_root().is_dir()
     monkeypatch.setenv("DLBOOSTER_CACHE", "~/elsewhere")
     assert cache_root() == tmp_path / "home" / "elsewhere"
+    from dlbooster.predict import profile_dir
+
+    assert profile_dir() == tmp_path / "home" / "elsewhere" / "profiles"   # the same folder
     monkeypatch.setenv("DLBOOSTER_CACHE", "")
     assert cache_root() == tmp_path / "home" / ".cache" / "dlbooster"
+    assert profile_dir() == cache_root() / "profiles"
 
     (tmp_path / "a-file").write_bytes(b"")
     monkeypatch.setenv("DLBOOSTER_CACHE", str(tmp_path / "a-file"))
     with pytest.raises(CacheError, match=r"build cache .*a-file \(DLBOOSTER_CACHE\) cannot be used: File exists"):
         cache_root()
+    (tmp_path / "cache" / "device").parent.mkdir()
+    (tmp_path / "cache" / "device").write_bytes(b"")              # a file where the device builds go
+    monkeypatch.setenv("DLBOOSTER_CACHE", str(tmp_path / "cache"))
+    from dlbooster.sim.device import build_device_library
+
+    with pytest.raises(CacheError, match=r"build cache .*cache/device \(DLBOOSTER_CACHE\) cannot be used"):
+        build_device_library()
+    monkeypatch.setenv("DLBOOSTER_CACHE", str(tmp_path / "a-file"))
     (tmp_path / "x.jpg").write_bytes(b"\xff\xd8")
     assert main(["decode", "--backend", "sim", str(tmp_path / "x.jpg")]) == 1
     err = capsys.readouterr().err
@@ -253,6 +273,11 @@ def test_the_build_environment_and_the_runtime_modules_the_gateware_imports_are_
     monkeypatch.delenv("MAKEFLAGS", raising=False)
     plain = flow.build_environment_key()
     assert plain[-1], "the C++ compiler's version"
+    # make's own flags and jobserver details (a recipe's MAKEFLAGS) change no build.
+    monkeypatch.setenv("MAKEFLAGS", "ks -j2 --jobserver-auth=fifo:/tmp/GMfifo123")
+    assert flow.build_environment_key() == plain
+    monkeypatch.setenv("MAKEFLAGS", "s -j2 -- OPT_FAST=-O0")
+    assert flow.build_environment_key() != plain
     monkeypatch.setenv("MAKEFLAGS", "OPT_FAST=-O0")
     assert flow.build_environment_key() != plain
     key = device._source_key({"lanes": 1})
