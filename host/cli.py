@@ -286,6 +286,15 @@ def _cmd_debug_lane(args: argparse.Namespace) -> int:
     from .sim.lane_debug import debug_lane
 
     paths = [p for p, _ in _walk(args.paths)]
+    if not paths:
+        print("dlbooster debug-lane: no input files", file=sys.stderr)
+        return 2
+    for path in paths:                   # before minutes of simulation, not in its log
+        try:
+            open(path, "rb").close()
+        except OSError as exc:
+            print(f"dlbooster debug-lane: {path}: {exc.strerror or exc}", file=sys.stderr)
+            return 2
     run, reruns = debug_lane(paths, simulator=args.simulator, max_width=args.max_width,
                              valid_percent=args.valid, ready_percent=args.ready)
     for r in run.report:
@@ -622,6 +631,7 @@ def _cmd_records(args: argparse.Namespace) -> int:
 
 
 def _cmd_train(args: argparse.Namespace) -> int:
+    from .boards import BoardError
     from .train import NoTrainingData, TrainConfig, format_epoch, summary_json, train
 
     if args.fidelity is not None and args.records is None:
@@ -644,7 +654,7 @@ def _cmd_train(args: argparse.Namespace) -> int:
     backend = args.backend or ("cpu" if args.records else "sim" if args.data is None else "auto")
     fidelity = args.fidelity if args.fidelity in (None, "auto") else int(args.fidelity)
     config = TrainConfig(data=args.data, backend=backend, lanes=args.lanes, max_width=args.max_width,
-                         devices=args.devices, model=args.model, epochs=args.epochs, steps=args.steps,
+                         devices=args.devices, board=args.board, binary=args.binary, model=args.model, epochs=args.epochs, steps=args.steps,
                          batch_size=args.batch_size, lr=args.lr, momentum=args.momentum,
                          weight_decay=args.weight_decay, label_smoothing=args.label_smoothing,
                          warmup_epochs=args.warmup_epochs, image_size=args.image_size, backward=args.backward,
@@ -666,6 +676,9 @@ def _cmd_train(args: argparse.Namespace) -> int:
         return 2
     except NoTrainingData as exc:
         print(f"dlbooster train: {exc}", file=sys.stderr)
+        return 1
+    except BoardError as exc:            # named, but not there or not loadable
+        print(f"dlbooster train: backend {backend}: {exc}", file=sys.stderr)
         return 1
     if int(os.environ.get("RANK", "0")) != 0:
         return 0
@@ -839,6 +852,9 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--lanes", type=_lanes, default=1, help="simulated device lanes (sim)")
     p.add_argument("--devices", type=_positive, default=1, help="simulated devices per rank (sim)")
     p.add_argument("--max-width", type=_positive, default=256, help="simulated device line buffers, pixels (sim)")
+    p.add_argument("--board", choices=sorted(BOARDS), help="pynq/xrt: the board (default $DLBOOSTER_BOARD)")
+    p.add_argument("--binary", metavar="BIT_OR_XCLBIN", help="pynq/xrt: its bitstream or xclbin "
+                                                              "(default $DLBOOSTER_BINARY)")
     p.add_argument("--model", default="resnet18", help="torchvision model name")
     p.add_argument("--epochs", type=_positive, help="epochs (default: 6 without DATA, else 1)")
     p.add_argument("--steps", type=_positive, help="stop after this many optimiser steps")

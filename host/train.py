@@ -53,6 +53,8 @@ class TrainConfig:
         data: ImageFolder root (see the module docstring); None: the packaged photographs.
         backend: decode backend (``sim``, ``cpu``, ``model``, ``auto``, ...).
         lanes, max_width, devices: the simulated device's build (``sim`` only).
+        board, binary: the board and its bitstream or xclbin (``pynq`` and ``xrt`` only;
+            None: ``$DLBOOSTER_BOARD`` and ``$DLBOOSTER_BINARY``).
         model: a torchvision classification model name (``resnet18``, ``resnet50``, ...).
         epochs, steps: stop after this many epochs, or optimiser steps (whichever first;
             ``steps`` alone runs as many epochs as it needs).
@@ -84,6 +86,8 @@ class TrainConfig:
     lanes: int = 1
     max_width: int = 256
     devices: int = 1
+    board: str | None = None
+    binary: str | None = None
     model: str = "resnet18"
     epochs: int | None = None
     steps: int | None = None
@@ -356,8 +360,9 @@ def _run(config, device, dist, train_source, val_source, classes, on_epoch, on_s
                          f"channel for a single sample, which training cannot normalise: use a batch size of "
                          f"at least 2 or a larger image size")
     trace = Trace() if config.trace else None
-    options = {"lanes": config.lanes, "max_width": config.max_width, "devices": config.devices} \
-        if config.backend == "sim" else {}
+    options = ({"lanes": config.lanes, "max_width": config.max_width, "devices": config.devices}
+               if config.backend == "sim" else {"board": config.board, "binary": config.binary}
+               if config.backend in ("pynq", "xrt") else {})
     loader_args = dict(backend=config.backend, seed=config.seed, device=device, cpu_workers=config.workers,
                        backend_options=options, rank=dist.rank, world_size=dist.world)
     fidelity, choice = config.fidelity, None

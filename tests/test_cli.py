@@ -257,6 +257,39 @@ def test_board_backends_that_cannot_open_give_one_line(folder):
         assert "Traceback" not in done.stderr
 
 
+def test_debug_lane_names_a_missing_input_before_simulating(tmp_path, capsys):
+    (tmp_path / "a.jpg").write_bytes(_jpeg(np.zeros((8, 8, 3), np.uint8)))
+    assert main(["debug-lane", str(tmp_path / "a.jpg"), str(tmp_path / "nosuch.jpg")]) == 2
+    assert capsys.readouterr().err == f"dlbooster debug-lane: {tmp_path / 'nosuch.jpg'}: No such file or directory\n"
+    (tmp_path / "empty").mkdir()
+    assert main(["debug-lane", str(tmp_path / "empty")]) == 2
+    assert capsys.readouterr().err.endswith("dlbooster debug-lane: no input files\n")
+
+
+def test_train_on_a_board_that_cannot_open_gives_one_line(tmp_path):
+    """`dlbooster train` takes --board and --binary as `decode` does (the board
+    backends' message names them), and a board that cannot be opened is one line."""
+    for label in ("a", "b"):
+        (tmp_path / "data" / label).mkdir(parents=True)
+        for i in range(5):
+            Image.new("RGB", (16, 16), (40 * i, 0, 0)).save(tmp_path / "data" / label / f"{i}.jpg")
+    data = str(tmp_path / "data")
+    cases = [(["--backend", "xrt"], {}, 2, "needs a board and its binary"),
+             (["--backend", "xrt", "--board", "alveo-u50", "--binary", str(tmp_path / "none.xclbin")], {}, 1,
+              "backend xrt: " + str(tmp_path / "none.xclbin") + ": no such file"),
+             ([], {"DLBOOSTER_BOARD": "alveo-u50", "DLBOOSTER_BINARY": str(tmp_path / "none.xclbin")}, 1,
+              "backend auto: " + str(tmp_path / "none.xclbin") + ": no such file")]
+    for options, env, code, message in cases:
+        environ = {k: v for k, v in os.environ.items() if not k.startswith("DLBOOSTER_B")}
+        done = subprocess.run([sys.executable, "-m", "dlbooster.cli", "train", data, "--steps", "1",
+                               "--batch-size", "2", "--image-size", "32", *options],
+                              capture_output=True, text=True, env={**environ, **env})
+        assert done.returncode == code, (options, env, done.stderr)
+        last = done.stderr.strip().splitlines()[-1]
+        assert last.startswith("dlbooster train: ") and message in last, done.stderr
+        assert "Traceback" not in done.stderr and "unrecognized arguments" not in done.stderr
+
+
 def test_output_cut_short_by_its_reader_ends_quietly(tmp_path):
     """`dlbooster decode ... | head -1`: the closed pipe ends the command without a traceback."""
     for i in range(400):                  # about 100 KB of JSON, more than a pipe holds
