@@ -567,6 +567,10 @@ def _cmd_records(args: argparse.Namespace) -> int:
             print("dlbooster records write: give SRC and OUT", file=sys.stderr)
             return 2
         src = Path(args.src)
+        if not src.is_dir():
+            print(f"dlbooster records write: {src}: {'not a folder' if src.exists() else 'no such folder'}",
+                  file=sys.stderr)
+            return 2
         # The hymenoptera layout (train/ and val/) becomes two record sets, as `train` reads it.
         pairs = ([(src / "train", Path(args.out) / "train"), (src / "val", Path(args.out) / "val")]
                  if (src / "train").is_dir() and (src / "val").is_dir() else [(src, Path(args.out))])
@@ -611,7 +615,11 @@ def _cmd_records(args: argparse.Namespace) -> int:
     try:
         result = info(RecordSet(args.src), sample=args.sample)
     except (OSError, RecordError, ValueError) as exc:
-        print(f"dlbooster records info: {exc}", file=sys.stderr)
+        # `records write` makes train/ and val/ sets of a hymenoptera-style folder.
+        sets = [name for name in ("train", "val") if os.path.isdir(os.path.join(args.src, name))
+                and record_paths(os.path.join(args.src, name))]
+        hint = f"; it holds the record sets {' and '.join(f'{n}/' for n in sets)}: give one" if sets else ""
+        print(f"dlbooster records info: {exc}{hint}", file=sys.stderr)
         return 2
     if args.json:
         print(json.dumps(result, indent=1))

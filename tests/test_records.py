@@ -598,6 +598,11 @@ def test_cli_write_info_and_train(tmp_path):
     assert code == 2 and "no record files" in err
     code, _, err = _cli("records", "info", str(tmp_path / "nowhere"))
     assert code == 2 and f"{tmp_path / 'nowhere'}: no such folder" in err
+    code, _, err = _cli("records", "info", str(tmp_path / "rec"))            # what `write` made
+    assert code == 2 and err.strip().endswith("it holds the record sets train/ and val/: give one"), err
+    code, _, err = _cli("records", "write", str(tmp_path / "nowhere"), str(tmp_path / "out2"))
+    assert (code, err) == (2, f"dlbooster records write: {tmp_path / 'nowhere'}: no such folder\n")
+    assert not (tmp_path / "out2").exists()
     # The folder holding train/ and val/ record sets is not an ImageFolder: the Loader says so.
     from dlbooster import Loader
 
