@@ -613,7 +613,13 @@ def _load_checkpoint(config, device) -> dict:
         # when it loads (its pickle may name no other global).
         state = torch.load(config.checkpoint, map_location=device, weights_only=True)
     except Exception as exc:  # torch.load raises many types for a damaged or unsafe file
-        raise ValueError(f"{config.checkpoint}: not a readable checkpoint ({type(exc).__name__}: {exc}); "
+        import pickle
+
+        # torch's own message for these runs to many lines and suggests weights_only=False.
+        why = ("not tensors and plain values that torch.load(weights_only=True) reads"
+               if isinstance(exc, pickle.UnpicklingError)
+               else f"{type(exc).__name__}: {(str(exc).splitlines() or [''])[0][:200]}")
+        raise ValueError(f"{config.checkpoint}: not a readable checkpoint ({why}); "
                          f"remove it or start without --resume") from exc
     keys = {"model", "optimizer", "schedule", "step", "epoch", "batches_done", "rng", "config"}
     if not isinstance(state, dict) or not keys <= state.keys():
