@@ -53,6 +53,15 @@ def _positive_list(text: str) -> str:
     return text
 
 
+def _recode_spec(text: str) -> str:
+    """argparse type: ``SUBSAMPLING@QUALITY`` for ``--recode`` (kept as the text)."""
+    sub, _, quality = text.partition("@")
+    if sub not in _RECODE_SUBSAMPLING or not quality.isdigit() or not 1 <= int(quality) <= 100:
+        raise argparse.ArgumentTypeError(f"{text!r}: give SUBSAMPLING@QUALITY with SUBSAMPLING in "
+                                         f"{', '.join(_RECODE_SUBSAMPLING)} and QUALITY 1..100")
+    return text
+
+
 def _lanes_list(text: str) -> str:
     """argparse type: comma-separated device lane counts, each as ``--lanes`` takes one
     (1..32), or nothing (kept as the text)."""
@@ -113,7 +122,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
             p.add_argument("--max-width", type=_positive, default=8192, help="the lane's line-buffer width")
             p.add_argument("--all", action="store_true",
                            help="also run the files classify() rejects and check how the lane stops")
-            p.add_argument("--recode", metavar="SUBSAMPLING@QUALITY",
+            p.add_argument("--recode", metavar="SUBSAMPLING@QUALITY", type=_recode_spec,
                            help="re-encode every input with Pillow first, e.g. 4:2:0@90 "
                                 "(subsampling 4:4:4, 4:2:2, 4:2:0 or gray)")
         elif kind == "device":
@@ -189,10 +198,7 @@ def _recode(files: list[tuple[str, bytes]], spec: str) -> tuple[list[tuple[str, 
 
     from PIL import Image
 
-    sub, _, quality = spec.partition("@")
-    if sub not in _RECODE_SUBSAMPLING or not quality.isdigit() or not 1 <= int(quality) <= 100:
-        raise SystemExit(f"--recode wants SUBSAMPLING@QUALITY with SUBSAMPLING in "
-                         f"{', '.join(_RECODE_SUBSAMPLING)} and QUALITY 1..100, not {spec!r}")
+    sub, _, quality = _recode_spec(spec).partition("@")
     out, dropped = [], 0
     for path, data in files:
         buf = io.BytesIO()

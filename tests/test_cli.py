@@ -231,7 +231,9 @@ def test_out_of_range_options_are_refused_when_parsed(tmp_path):
                        ("--ready", ["debug-lane", "x.jpg", "--ready", "0"]),
                        ("--valid", ["debug-lane", "x.jpg", "--valid", "101"]),
                        ("--procs", ["predict", "calibrate", "--procs", "0"]),
-                       ("--rounds", ["predict", "validate", "--rounds", "0"])):
+                       ("--rounds", ["predict", "validate", "--rounds", "0"]),
+                       ("--recode", ["bench", "lane", "--recode", "4:1:1@90"]),
+                       ("--recode", ["bench", "lane", "--recode", "4:2:0@101"])):
         done = subprocess.run([sys.executable, "-m", "dlbooster.cli", *argv], capture_output=True, text=True)
         assert done.returncode == 2, argv
         assert f"error: argument {flag}" in done.stderr, (argv, done.stderr)
