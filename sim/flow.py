@@ -26,8 +26,9 @@ from pathlib import Path
 
 log = logging.getLogger(__name__)
 
-__all__ = ["CacheError", "cache_path", "cache_root", "make_folder", "toolchain_env", "export_verilog", "export_flat_verilog", "simulator_available",
-           "run_cocotb", "lint_verilog", "verilator_version", "build_verilated"]
+__all__ = ["CacheError", "cache_path", "cache_root", "make_folder", "toolchain_env", "export_verilog",
+           "export_flat_verilog", "simulator_available", "run_cocotb", "lint_verilog", "verilator_version",
+           "build_verilated", "build_environment_key", "product_ok"]
 
 
 #: Verilator flags of the C++ harnesses (the simulated device, the lane and core
@@ -223,14 +224,14 @@ def build_verilated(verilog: str, top: str, cpp: Path, flags: list[str], *, fold
                 record.unlink(missing_ok=True)
                 partial.unlink(missing_ok=True)
                 (build_dir / f"{top}.v").write_text(verilog)
-                log = open(build_dir / "build.log", "w")
+                build_log = open(build_dir / "build.log", "w")
             except OSError as exc:
                 raise CacheError(f"build cache {build_dir}: {exc.strerror or exc}") from exc
             env = dict(os.environ, MAKEFLAGS=_pch_makeflags(os.environ.get("MAKEFLAGS")))
             cmd = ["verilator", *cmd_flags, "-Mdir", str(build_dir / "obj"), "-o", str(partial),
                    str(SPEED_CONFIG), str(build_dir / f"{top}.v"), str(cpp)]
-            with log:
-                subprocess.run(cmd, check=True, stdout=log, stderr=subprocess.STDOUT, env=env,
+            with build_log:
+                subprocess.run(cmd, check=True, stdout=build_log, stderr=subprocess.STDOUT, env=env,
                                pass_fds=(lock.fileno(),))
             with open(partial, "rb") as f:
                 sha = hashlib.file_digest(f, "sha256").hexdigest()
