@@ -253,7 +253,8 @@ def _cmd_build(args: argparse.Namespace) -> int:
         return 2
     out = Path(args.verilog)
     if not out.parent.is_dir():           # before the minute of elaboration
-        print(f"dlbooster build: {out.parent} is not a folder", file=sys.stderr)
+        what = "is not a folder" if out.parent.exists() else "no such folder"
+        print(f"dlbooster build: {out.parent}: {what}", file=sys.stderr)
         return 2
     if out.is_dir():
         print(f"dlbooster build: {out} is a folder; give a file name (OUT.v)", file=sys.stderr)

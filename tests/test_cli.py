@@ -210,6 +210,17 @@ def test_bad_usage_exits_2(tmp_path):
         assert "Traceback" not in done.stderr, argv
 
 
+def test_build_names_a_missing_or_wrong_folder_for_the_verilog(tmp_path):
+    """A missing parent folder is named as missing, a file in its place as not a folder
+    (both said "is not a folder" before)."""
+    (tmp_path / "a-file").write_bytes(b"")
+    for parent, said in ((tmp_path / "no-such-folder", "no such folder"), (tmp_path / "a-file", "is not a folder")):
+        done = subprocess.run([sys.executable, "-m", "dlbooster.cli", "build", "--verilog", str(parent / "x.v")],
+                              capture_output=True, text=True)
+        assert done.returncode == 2
+        assert done.stderr.strip() == f"dlbooster build: {parent}: {said}"
+
+
 def test_out_of_range_options_are_refused_when_parsed(tmp_path):
     """Lanes beyond the registers' 32, devices PyTorch cannot name, counts below 1: each
     is refused by argparse, naming the option, before any work starts (a traceback,
