@@ -671,6 +671,11 @@ def _cmd_train(args: argparse.Namespace) -> int:
                          trace=args.trace, checkpoint=args.checkpoint, checkpoint_every=args.checkpoint_every,
                          resume=args.resume, progress=not args.json, records=args.records,
                          fidelity=fidelity, fidelity_threshold=args.fidelity_threshold)
+    try:
+        config.check()                    # before the banner: a refused run announces nothing
+    except ValueError as exc:
+        print(f"dlbooster train: {exc}", file=sys.stderr)
+        return 2
     quiet = args.json or int(os.environ.get("RANK", "0")) != 0
     if not quiet:
         where = (f"records {args.records} (fidelity {args.fidelity or 'full'})" if args.records else args.data

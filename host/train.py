@@ -112,6 +112,42 @@ class TrainConfig:
     fidelity: int | str | None = None
     fidelity_threshold: float = 0.9
 
+    def check(self):
+        """The settings checks that need no data, made before anything is built (so a
+        command can refuse bad options before it announces a run).
+
+        Returns:
+            The ``torch.device`` to train on.
+
+        Raises:
+            ValueError: as :func:`train`'s bad settings (unknown model or backward,
+                neither epochs nor steps, a count below 1, ``fidelity`` without
+                records, a CUDA device where PyTorch finds none).
+        """
+        import torch
+        import torchvision
+
+        if self.backward not in ("autograd", "split"):
+            raise ValueError(f"backward must be 'autograd' or 'split', not {self.backward!r}")
+        if self.epochs is None and self.steps is None:
+            raise ValueError("give epochs or steps")
+        for name in ("epochs", "steps", "batch_size", "image_size"):
+            value = getattr(self, name)
+            if value is not None and value < 1:
+                raise ValueError(f"{name} must be at least 1, not {value}")
+        if self.warmup_epochs < 0:
+            raise ValueError(f"warmup_epochs must be at least 0, not {self.warmup_epochs}")
+        if not 0.0 <= self.label_smoothing <= 1.0:
+            raise ValueError(f"label_smoothing must be between 0 and 1, not {self.label_smoothing}")
+        if self.fidelity is not None and self.records is None:
+            raise ValueError("fidelity applies to records (--records) only")
+        if self.model not in torchvision.models.list_models(module=torchvision.models):
+            raise ValueError(f"unknown torchvision classification model {self.model!r}")
+        device = torch.device(self.device or ("cuda" if torch.cuda.is_available() else "cpu"))
+        if device.type == "cuda" and not torch.cuda.is_available():
+            raise ValueError(f"device {device}: PyTorch finds no CUDA device here")
+        return device
+
 
 def photo_dataset(out_dir: str | os.PathLike, *, crops: int = 8, val_crops: int = 2,
                   size: tuple[int, int] = (96, 240), seed: int = 0) -> Path:
@@ -279,27 +315,8 @@ def train(config: TrainConfig, *, on_epoch=None, on_step=None) -> dict:
     import tempfile
 
     import torch
-    import torchvision
 
-    if config.backward not in ("autograd", "split"):
-        raise ValueError(f"backward must be 'autograd' or 'split', not {config.backward!r}")
-    if config.epochs is None and config.steps is None:
-        raise ValueError("give epochs or steps")
-    for name in ("epochs", "steps", "batch_size", "image_size"):
-        value = getattr(config, name)
-        if value is not None and value < 1:
-            raise ValueError(f"{name} must be at least 1, not {value}")
-    if config.warmup_epochs < 0:
-        raise ValueError(f"warmup_epochs must be at least 0, not {config.warmup_epochs}")
-    if not 0.0 <= config.label_smoothing <= 1.0:
-        raise ValueError(f"label_smoothing must be between 0 and 1, not {config.label_smoothing}")
-    if config.fidelity is not None and config.records is None:
-        raise ValueError("fidelity applies to records (--records) only")
-    if config.model not in torchvision.models.list_models(module=torchvision.models):
-        raise ValueError(f"unknown torchvision classification model {config.model!r}")
-    device = torch.device(config.device or ("cuda" if torch.cuda.is_available() else "cpu"))
-    if device.type == "cuda" and not torch.cuda.is_available():
-        raise ValueError(f"device {device}: PyTorch finds no CUDA device here")
+    device = config.check()
     dist = _Distributed(device.type)
     if device.type == "cuda" and device.index is None:
         device = torch.device("cuda", dist.local_rank)

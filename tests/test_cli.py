@@ -303,6 +303,18 @@ def test_train_on_a_board_that_cannot_open_gives_one_line(tmp_path):
         assert "Traceback" not in done.stderr and "unrecognized arguments" not in done.stderr
 
 
+def test_train_refuses_bad_settings_before_it_announces_a_run(tmp_path):
+    """A setting only the training code can judge (an unknown model, label smoothing
+    above 1) is refused with one line and exit 2, and no "training ..." banner first."""
+    for argv, said in ((["--model", "no_such_model"], "unknown torchvision classification model 'no_such_model'"),
+                       (["--label-smoothing", "2"], "label_smoothing must be between 0 and 1, not 2.0")):
+        done = subprocess.run([sys.executable, "-m", "dlbooster.cli", "train", *argv], capture_output=True,
+                              text=True, cwd=tmp_path)
+        assert done.returncode == 2, argv
+        assert done.stderr.strip() == f"dlbooster train: {said}", argv
+        assert done.stdout == ""
+
+
 def test_output_cut_short_by_its_reader_ends_quietly(tmp_path):
     """`dlbooster decode ... | head -1`: the closed pipe ends the command without a traceback."""
     for i in range(400):                  # about 100 KB of JSON, more than a pipe holds
