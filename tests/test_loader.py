@@ -1017,6 +1017,29 @@ def test_instant_device_batches_equal_pillow_and_bench_host_accounts(tiny_source
     assert result["goal_met"] == (result["host_us_per_image"] <= 20.0)
 
 
+def test_the_control_instrument_completes_alike_and_writes_no_pixels(tiny_source):
+    """``pixels=False`` (``bench host --no-pixels``) gives the same completions, sizes and
+    outcomes and leaves every batch slot as it was (zero: the pool's fresh memory), and
+    its benchmark run judges no goal."""
+    from dlbooster.bench_runtime import bench_host
+    from dlbooster.instant import InstantBackend, InstantTransport
+
+    transport = InstantTransport(lanes=2, job_depth=4, pixels=False)
+    files = [(path, Path(path).read_bytes()) for path, _ in tiny_source]
+    for path, data in files:
+        transport.learn(data, pillow_file(path)[0])
+    with make_loader(tiny_source, 5, backend=InstantBackend(transport), slot_pixels=32 * 32) as loader:
+        batches = drain(loader)
+        assert loader.stats().outcomes == {"ok": len(tiny_source)}
+    assert [tuple(hw) for batch in batches for hw in batch.sizes.tolist()] == \
+        [pillow_file(path)[0].shape[:2] for path, _ in tiny_source]
+    assert all(not batch.images.any() for batch in batches)
+
+    result = bench_host(files, batch_size=4, epochs=1, lanes=2, pixels=False)
+    assert result["pixels"] is False and result["goal_met"] is None
+    assert result["outcomes"] == {"ok": len(files)} and result["epochs"][0]["images"] == len(files)
+
+
 def _instant_service(tmp_path, n: int, size: int, slot_pixels: int, job_depth: int = 4, device_memory: bool = True):
     """n generated JPEGs of size x size, an instant device that knows their pixels, a
     service over it and a one-buffer pool in the device's memory (else host memory)."""
