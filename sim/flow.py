@@ -330,6 +330,11 @@ def run_cocotb(
         waves: dump a waveform into the test folder: FST (Icarus; Verilator when the
             lz4 headers are installed, else VCD).
 
+    The build is cached under :func:`cache_root` by a hash of the Verilog and the build
+    options, one build at a time per folder; a build that did not finish (no
+    ``build.done`` beside it: killed, or failed) is removed and made again, since make
+    would trust a partial product's timestamp.
+
     Returns:
         ``(tests, failed, test_dir)``; test_dir (results XML, log, waveform) is kept only
         when a test failed or waves were asked for.
@@ -354,10 +359,16 @@ def run_cocotb(
     build_dir = cache_root() / "cocotb" / f"{toplevel}-{simulator}-{digest}"
     source = build_dir / f"{toplevel}.v"
     runner = get_runner(simulator)
+    finished = build_dir / "build.done"
     with _locked(cache_root() / "cocotb" / f"{toplevel}-{simulator}-{digest}.lock"):
+        if build_dir.exists() and not finished.exists():
+            # A build that was killed or failed may have left a product newer than its
+            # sources (a linker's partial output), which make would take as up to date.
+            shutil.rmtree(build_dir)
         if not source.exists() or source.read_text() != verilog_text:
             build_dir.mkdir(parents=True, exist_ok=True)
             source.write_text(verilog_text)
+        finished.unlink(missing_ok=True)      # until this make, a no-op or not, has finished
         saved = os.environ.get("MAKEFLAGS")
         if simulator == "verilator":
             os.environ["MAKEFLAGS"] = _pch_makeflags(saved)
@@ -370,6 +381,7 @@ def run_cocotb(
                 os.environ.pop("MAKEFLAGS", None)
             else:
                 os.environ["MAKEFLAGS"] = saved
+        finished.write_text(digest + "\n")
     test_dir = Path(tempfile.mkdtemp(prefix=f"{toplevel}-", dir=cache_root()))
     # Icarus dumps next to the shared build unless told otherwise; keep each dump with its run.
     plusargs = [f"+dumpfile_path={test_dir / (toplevel + '.fst')}"] if waves and simulator == "icarus" else []
