@@ -253,7 +253,7 @@ def _cmd_build(args: argparse.Namespace) -> int:
         return 2
     out = Path(args.verilog)
     if not out.parent.is_dir():           # before the minute of elaboration
-        what = "is not a folder" if out.parent.exists() else "no such folder"
+        what = "not a folder" if out.parent.exists() else "no such folder"
         print(f"dlbooster build: {out.parent}: {what}", file=sys.stderr)
         return 2
     if out.is_dir():

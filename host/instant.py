@@ -74,8 +74,10 @@ class InstantTransport:
             instrument: completions are the same (size, bytes written), the output
             buffers are left as they are. A real device's DMA writes without the CPU;
             the instrument's copy (about 600 KB read and 600 KB written per ImageNet
-            photo) also evicts the host's own data from the CPU caches, which the
-            control separates from the host's cost (docs/benchmarks.md, issue 7).
+            photo) can also evict the host's own data from the CPU caches, which the
+            control separates from the host's cost (docs/benchmarks.md, issue 7). The
+            host's own work is the same either way, copies of unwritten buffers
+            included.
     """
 
     name = "instant"

@@ -31,6 +31,10 @@ import shutil
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import torch
 
 __all__ = ["NoTrainingData", "TrainConfig", "format_epoch", "photo_dataset", "summary_json", "train"]
 
@@ -112,7 +116,7 @@ class TrainConfig:
     fidelity: int | str | None = None
     fidelity_threshold: float = 0.9
 
-    def check(self):
+    def check(self) -> torch.device:
         """The settings checks that need no data, made before anything is built (so a
         command can refuse bad options before it announces a run).
 
@@ -120,9 +124,10 @@ class TrainConfig:
             The ``torch.device`` to train on.
 
         Raises:
-            ValueError: as :func:`train`'s bad settings (unknown model or backward,
-                neither epochs nor steps, a count below 1, ``fidelity`` without
-                records, a CUDA device where PyTorch finds none).
+            ValueError: an unknown model or backward, neither epochs nor steps, epochs,
+                steps, batch size or image size below 1, ``warmup_epochs`` below 0,
+                ``label_smoothing`` outside [0, 1], ``fidelity`` without records, or a
+                CUDA device where PyTorch finds none.
         """
         import torch
         import torchvision

@@ -10,12 +10,15 @@ else of the core around it, and prints its Fmax: an upper bound for any such cor
 The loop: a 64-bit left-aligned bit buffer; a lookahead table of 8 Huffman tables x 256
 entries (fast flag, code length, total shift, symbol) in block RAM, read synchronously
 at the address the next state gives (the next table select and the buffer's top 8 bits
-after this clock's shift), so the RAM's own address register is the loop's only
-register besides the buffer; a registered 32-bit refill placed behind the valid bits;
-the total shift; the table select for the next symbol (the next block's DC table at an
-end of block, else the component's AC table). ``--check exact`` gates the shift on the
-exact ``total <= cnt`` compare; ``flag`` on a registered "at least 27 bits" flag (what a
-core would use, with the exact check left for the end of the data).
+after this clock's shift), so the RAM's own address register closes the loop and no LUT
+RAM read or table multiplexer is in it; a registered 32-bit refill placed behind the
+valid bits; the total shift; the table select for the next symbol (the next block's DC
+table at the end of a block, else the component's AC table). The tables are written
+only while no symbol is decoded (a core loads them before the scan), so the RAM needs
+no read-during-write logic (``no_rw_check``: without it Yosys adds an address compare
+and a bypass multiplexer on the RAM's output, inside the loop). ``--check exact`` gates
+the shift on the exact ``total <= cnt`` compare; ``flag`` on a registered "at least 27
+bits" flag (what a core would use, with the exact check left for the end of the data).
 
 This is a timing experiment, not a decoder: the table's contents, faults, long codes,
 restarts and the coefficient output are left out (the output is registered so that
@@ -63,7 +66,8 @@ class SymbolLoop(wiring.Component):
     def elaborate(self, platform):
         m = Module()
         # Entry: fast (1), code length (4), total shift (5), symbol (8).
-        m.submodules.lookahead = mem = Memory(shape=18, depth=2048, init=[], attrs={"ram_style": "block"})
+        m.submodules.lookahead = mem = Memory(shape=18, depth=2048, init=[],
+                                              attrs={"ram_style": "block", "no_rw_check": 1})
         wr = mem.write_port()
         rd = mem.read_port(transparent_for=())
         m.d.comb += [wr.addr.eq(self.table_addr), wr.data.eq(self.table_data), wr.en.eq(self.table_en)]
@@ -90,7 +94,9 @@ class SymbolLoop(wiring.Component):
         ]
         buf_next = Signal(64)
         m.d.comb += buf_next.eq(Mux(decode, merged << total, merged))
-        end_of_block = decode & (((size == 0) & (run != 15)) | ((size != 0) & (to_last < 16) & (run == to_last[:4])))
+        # Tables 0-3 are DC, 4-7 AC: a DC symbol never ends its block.
+        end_of_block = decode & select[2] & (((size == 0) & (run != 15))
+                                             | ((size != 0) & (to_last < 16) & (run == to_last[:4])))
         select_next = Signal(3)
         m.d.comb += [
             select_next.eq(Mux(end_of_block, self.next_dc, Mux(decode, self.ac, select))),

@@ -16,6 +16,7 @@ import contextlib
 import fcntl
 import functools
 import hashlib
+import importlib.metadata
 import logging
 import os
 import re
@@ -135,6 +136,15 @@ def _compiler_version(cxx: str) -> str:
     """``CXX --version`` (part of every C++ build's cache key); empty when it fails."""
     try:
         return subprocess.run([*cxx.split(), "--version"], capture_output=True, text=True).stdout
+    except OSError:
+        return ""
+
+
+@functools.cache
+def _icarus_version() -> str:
+    """The first line of ``iverilog -V`` (part of the cocotb builds' cache key)."""
+    try:
+        return subprocess.run(["iverilog", "-V"], capture_output=True, text=True).stdout.split("\n", 1)[0]
     except OSError:
         return ""
 
@@ -320,6 +330,11 @@ def run_cocotb(
 ) -> tuple[int, int, Path]:
     """Build (cached) and run a cocotb test module against generated Verilog.
 
+    The build is cached under :func:`cache_root` in a folder named by a hash of the
+    Verilog, the build options and the tool versions, one build at a time per folder. A
+    folder without its ``build.done`` mark (its build was killed or failed) is removed
+    and built again, since make would trust a partial product's timestamp.
+
     Args:
         toplevel: Verilog module name.
         verilog_text: the Verilog source.
@@ -329,11 +344,6 @@ def run_cocotb(
         testcase: run only this test function.
         waves: dump a waveform into the test folder: FST (Icarus; Verilator when the
             lz4 headers are installed, else VCD).
-
-    The build is cached under :func:`cache_root` by a hash of the Verilog and the build
-    options, one build at a time per folder; a build that did not finish (no
-    ``build.done`` beside it: killed, or failed) is removed and made again, since make
-    would trust a partial product's timestamp.
 
     Returns:
         ``(tests, failed, test_dir)``; test_dir (results XML, log, waveform) is kept only
@@ -350,11 +360,13 @@ def run_cocotb(
         build_args += ["--trace-fst" if _has_lz4_headers() else "--trace", "--trace-structs"]
     timescale = ("1ns", "1ps")
     # The build's makefiles name the cocotb and Verilator installs: another virtual
-    # environment sharing the cache gets its own build.
+    # environment sharing the cache gets its own build, and so does another version.
     import cocotb_tools.config
 
+    tool = verilator_version() if simulator == "verilator" else _icarus_version()
     options = repr((simulator, waves, build_args, timescale, str(cocotb_tools.config.share_dir),
-                    os.environ.get("VERILATOR_ROOT"))).encode()
+                    os.environ.get("VERILATOR_ROOT"), importlib.metadata.version("cocotb"), tool,
+                    build_environment_key())).encode()
     digest = hashlib.sha256(verilog_text.encode() + options).hexdigest()[:16]
     build_dir = cache_root() / "cocotb" / f"{toplevel}-{simulator}-{digest}"
     source = build_dir / f"{toplevel}.v"
@@ -368,7 +380,6 @@ def run_cocotb(
         if not source.exists() or source.read_text() != verilog_text:
             build_dir.mkdir(parents=True, exist_ok=True)
             source.write_text(verilog_text)
-        finished.unlink(missing_ok=True)      # until this make, a no-op or not, has finished
         saved = os.environ.get("MAKEFLAGS")
         if simulator == "verilator":
             os.environ["MAKEFLAGS"] = _pch_makeflags(saved)
@@ -381,7 +392,11 @@ def run_cocotb(
                 os.environ.pop("MAKEFLAGS", None)
             else:
                 os.environ["MAKEFLAGS"] = saved
-        finished.write_text(digest + "\n")
+        if not finished.exists():
+            # Only a new folder's build can leave a partial product: a marked folder's
+            # sources and tools never change (they name it), so its make does nothing,
+            # and other runs may be simulating from it.
+            finished.write_text(digest + "\n")
     test_dir = Path(tempfile.mkdtemp(prefix=f"{toplevel}-", dir=cache_root()))
     # Icarus dumps next to the shared build unless told otherwise; keep each dump with its run.
     plusargs = [f"+dumpfile_path={test_dir / (toplevel + '.fst')}"] if waves and simulator == "icarus" else []

@@ -211,10 +211,10 @@ def test_bad_usage_exits_2(tmp_path):
 
 
 def test_build_names_a_missing_or_wrong_folder_for_the_verilog(tmp_path):
-    """A missing parent folder is named as missing, a file in its place as not a folder
-    (both said "is not a folder" before)."""
+    """A missing parent folder is named as missing, a file in its place as not a folder,
+    worded as ``records write`` words them (both said "is not a folder" before)."""
     (tmp_path / "a-file").write_bytes(b"")
-    for parent, said in ((tmp_path / "no-such-folder", "no such folder"), (tmp_path / "a-file", "is not a folder")):
+    for parent, said in ((tmp_path / "no-such-folder", "no such folder"), (tmp_path / "a-file", "not a folder")):
         done = subprocess.run([sys.executable, "-m", "dlbooster.cli", "build", "--verilog", str(parent / "x.v")],
                               capture_output=True, text=True)
         assert done.returncode == 2

@@ -271,14 +271,13 @@ def test_idct_cocotb_icarus(tmp_path):
 
 
 @pytest.mark.skipif(not simulator_available("icarus"), reason="iverilog not installed")
-def test_a_cocotb_build_that_did_not_finish_is_made_again(tmp_path):
+def test_a_cocotb_build_that_did_not_finish_is_made_again(tmp_path, monkeypatch):
     """A build killed while writing its product leaves a file newer than its sources,
     which make takes as up to date: without the finished mark, the folder is built anew
     (before, every later run failed with "cocotb wrote no results")."""
-    from dlbooster.sim.flow import cache_root
-
+    monkeypatch.setenv("DLBOOSTER_CACHE", str(tmp_path / "cache"))   # a build no other run uses
     _run_cocotb(tmp_path, "icarus", ieee_count=2, random_count=4, valid_percent=80, ready_percent=70)
-    build = max((cache_root() / "cocotb").glob("idct-icarus-*/build.done"), key=lambda p: p.stat().st_mtime).parent
+    [build] = [p.parent for p in (tmp_path / "cache" / "cocotb").glob("idct-icarus-*/build.done")]
     (build / "sim.vvp").write_bytes(b"#! /usr/")     # a partial product, newer than idct.v
     (build / "build.done").unlink()
     _run_cocotb(tmp_path, "icarus", ieee_count=2, random_count=4, valid_percent=80, ready_percent=70)
