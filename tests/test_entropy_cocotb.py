@@ -144,6 +144,10 @@ def _harness_check(paths, ready_percent: int) -> list[dict]:
     result = bench_entropy([(str(p), p.read_bytes()) for p in paths], ready_percent)
     assert result["model_mismatches"] == 0, [r["path"] for r in result["per_file"]
                                               if not r["matches_model"]]
+    # The simulation speed counts the harness's decodes only, not the model's checks.
+    assert 0 < result["simulation_s"] < result["wall_s"]
+    assert result["simulated_clocks_per_s"] == pytest.approx(
+        sum(r["cycles"] for r in result["per_file"]) / result["simulation_s"])
     return result["per_file"]
 
 
