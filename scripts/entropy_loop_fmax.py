@@ -5,7 +5,8 @@
 Issue 9 asks for 125 MHz on an ECP5-85 speed 8; issue 3 asks the entropy decoder for at
 least 0.95 symbols per clock. This script places and routes only the loop that every
 table-driven decoder at one symbol per clock must close in one clock, with nothing
-else of the core around it, and prints its Fmax: an upper bound for any such core.
+else of the core around it, and prints its Fmax: an upper bound for a core that makes
+one lookahead read per symbol from block RAM.
 
 The loop: a 64-bit left-aligned bit buffer; a lookahead table of 8 Huffman tables x 256
 entries (fast flag, code length, total shift, symbol) in block RAM, read synchronously
