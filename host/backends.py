@@ -188,7 +188,15 @@ class ModelBackend:
         return self.decode_stages(data, info).rgb
 
     def decode_stages(self, data: bytes, info: jpeg.JpegInfo | None = None) -> reference.ModelOutput:
-        """Like :meth:`decode`, returning every stage of the model."""
+        """Like :meth:`decode`, returning every stage of the model. A scan's undefined
+        Huffman tables 0 and 1 are libjpeg-turbo's standard ones, inserted into the input
+        as the runtime does for the device (:func:`dlbooster.jpeg.standard_huffman_segment`)."""
+        if info is None:
+            info = jpeg.parse(data)
+        tables = jpeg.standard_huffman_segment(info)
+        if tables is not None:
+            data = jpeg.with_standard_huffman(data, tables)
+            info = jpeg.parse(data)
         return reference.decode(data, info=info, max_width=self.max_width)
 
 
@@ -232,7 +240,12 @@ class DeviceBackend:
 
         results: list[tuple[Any, dict] | None] = [None] * len(datas)
         jobs = []
+        datas = list(datas)
         for i, (data, info) in enumerate(zip(datas, infos)):
+            tables = jpeg.standard_huffman_segment(info)
+            if tables is not None:            # a Motion-JPEG frame: the tables libjpeg-turbo assumes
+                data = datas[i] = jpeg.with_standard_huffman(data, tables)
+                info = jpeg.parse(data, headers_only=info.headers_only)
             reason = jpeg.host_prescreen(info, max_width=self.max_width)
             if reason is None and not data:
                 reason = jpeg.classify(info, max_width=self.max_width)

@@ -49,6 +49,9 @@ __all__ = [
     "PILLOW_MAX_PIXELS",
     "pillow_max_pixels",
     "HARDWARE_SAMPLINGS",
+    "STANDARD_HUFFMAN",
+    "standard_huffman_segment",
+    "with_standard_huffman",
 ]
 
 #: Natural (row-major) index of the k-th coefficient in zigzag order (T.81 Figure A.6).
@@ -666,6 +669,62 @@ def classify(
     if pillow_header_error(info) is not None:
         return "malformed-header"
     return None
+
+
+#: The Huffman tables T.81 Annex K.3 suggests (Tables K.3-K.6), by (class, id): class 0 is
+#: DC and 1 is AC, id 0 is luminance and 1 chrominance; each as (counts of codes of
+#: lengths 1-16, symbols). libjpeg-turbo's decoder assumes them for a table a scan names
+#: and the file never defines (``jdhuff.c``, ``jpeg_make_d_derived_tbl`` calls
+#: ``jpeg_std_huff_table`` of ``jstdhuff.c``): Motion-JPEG frames (AVI1) carry no DHT.
+STANDARD_HUFFMAN: dict[tuple[int, int], tuple[tuple[int, ...], bytes]] = {
+    (0, 0): ((0, 1, 5, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0), bytes(range(12))),
+    (0, 1): ((0, 3, 1, 1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0, 0), bytes(range(12))),
+    (1, 0): ((0, 2, 1, 3, 3, 2, 4, 3, 5, 5, 4, 4, 0, 0, 1, 125), bytes.fromhex(
+        "01020300041105122131410613516107227114328191a1082342b1c11552d1f024336272"
+        "82090a161718191a25262728292a3435363738393a434445464748494a53545556575859"
+        "5a636465666768696a737475767778797a838485868788898a92939495969798999aa2a3"
+        "a4a5a6a7a8a9aab2b3b4b5b6b7b8b9bac2c3c4c5c6c7c8c9cad2d3d4d5d6d7d8d9dae1e2"
+        "e3e4e5e6e7e8e9eaf1f2f3f4f5f6f7f8f9fa")),
+    (1, 1): ((0, 2, 1, 2, 4, 4, 3, 4, 7, 5, 4, 4, 0, 1, 2, 119), bytes.fromhex(
+        "000102031104052131061241510761711322328108144291a1b1c109233352f0156272d1"
+        "0a162434e125f11718191a262728292a35363738393a434445464748494a535455565758"
+        "595a636465666768696a737475767778797a82838485868788898a92939495969798999a"
+        "a2a3a4a5a6a7a8a9aab2b3b4b5b6b7b8b9bac2c3c4c5c6c7c8c9cad2d3d4d5d6d7d8d9da"
+        "e2e3e4e5e6e7e8e9eaf2f3f4f5f6f7f8f9fa")),
+}
+
+
+def standard_huffman_segment(info: JpegInfo) -> bytes | None:
+    """The DHT segment (marker included) of the :data:`STANDARD_HUFFMAN` tables that the
+    first scan names but the file does not define before it; None when the scan has all
+    its tables, names a missing table other than 0 and 1 (libjpeg-turbo fails there:
+    "Huffman table 0x02 was not defined"), or the file has no sequential frame and scan.
+
+    ``info``: :func:`parse` of the input (headers only suffices). The segment is 2 + 2 +
+    17 per table + the symbols' bytes long: 33 to 420 bytes.
+    """
+    if info.not_jpeg or info.frame is None or not info.scans or info.frame.sof not in (0, 1):
+        return None
+    scan = info.scans[0]
+    missing = sorted({(0, td) for _, td, _ in scan.components if td not in scan.dc_tables}
+                     | {(1, ta) for _, _, ta in scan.components if ta not in scan.ac_tables})
+    if not missing or any(key not in STANDARD_HUFFMAN for key in missing):
+        return None
+    body = b"".join(bytes([tc << 4 | th, *STANDARD_HUFFMAN[tc, th][0]]) + STANDARD_HUFFMAN[tc, th][1]
+                    for tc, th in missing)
+    return b"\xff\xc4" + (len(body) + 2).to_bytes(2, "big") + body
+
+
+def with_standard_huffman(data: bytes | memoryview, segment: bytes) -> bytes:
+    """``data`` (a JPEG: SOI first) with ``segment`` (:func:`standard_huffman_segment`)
+    inserted right after SOI.
+
+    The decoder reads its tables from the input, as T.81 requires, and the result decodes
+    as libjpeg-turbo decodes the original: the segment defines only tables the file
+    leaves undefined up to its scan, so no definition of the file's is overridden.
+    ffmpeg's ``mjpeg2jpeg`` filter turns Motion-JPEG frames into files the same way.
+    """
+    return b"\xff\xd8" + segment + bytes(data[2:])
 
 
 #: :func:`classify` reasons the gateware does not look for: Pillow's behaviour, not the

@@ -320,6 +320,8 @@ class _Dispatcher(threading.Thread):
                 item = service._screen(task, data, st, src)
             if item is not None:
                 items.append(item)
+                if item[4] is not src:        # its bytes rewritten (_screen): staged again to submit
+                    staging.append(src)
             elif src is not None:             # gone to the CPU (its bytes copied) or failed
                 staging.append(src)
 
@@ -609,7 +611,7 @@ class DecodeService:
         self._dispatchers = [_Dispatcher(self, n, d, device_queue) for n, d in enumerate(devices)]
         for d in self._dispatchers:
             d.start()
-        self._screens: dict[str, tuple] = {}   # path -> (file identity, reason, width, height)
+        self._screens: dict[str, tuple] = {}   # path -> (file identity, reason, width, height, tables)
         self._closed = False
         #: a :class:`dlbooster.trace.Trace` for device jobs (per lane) and CPU decodes, or None
         self.trace = None
@@ -709,6 +711,11 @@ class DecodeService:
         status-change times. The status-change time matters because ``cp -p``,
         ``rsync -t`` or ``tar`` can give new contents the old size and modification time,
         and a stale verdict would send a file Pillow refuses to the device.
+
+        An input whose scan names Huffman tables 0 or 1 that it never defines (a
+        Motion-JPEG frame) goes to the device with libjpeg-turbo's standard tables
+        inserted (:func:`~dlbooster.jpeg.standard_huffman_segment`), as new bytes (the
+        item's ``src`` is then None); the verdict is the rewritten file's.
         """
         try:
             key = (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns) if st is not None else None
@@ -716,15 +723,20 @@ class DecodeService:
             if cached is None or cached[0] != key:
                 # The device checks the entropy-coded data itself: headers suffice here.
                 info = jpeg.parse(data, headers_only=True)
+                tables = jpeg.standard_huffman_segment(info)
+                if tables is not None:
+                    info = jpeg.parse(jpeg.with_standard_huffman(data, tables), headers_only=True)
                 frame = info.frame
                 cached = (key, jpeg.host_prescreen(info, max_width=self.max_width),
-                          frame.width if frame else 0, frame.height if frame else 0)
+                          frame.width if frame else 0, frame.height if frame else 0, tables)
                 if key is not None:
                     self._screens[task.path] = cached
-            _, reason, width, height = cached
+            _, reason, width, height, tables = cached
             if reason is not None:
                 self._to_cpu(task, data, reason, "host pre-screen")
                 return None
+            if tables is not None:
+                return task, jpeg.with_standard_huffman(data, tables), width, height, None
             return task, data, width, height, src
         except Exception as exc:  # never lose a task to a fault
             self._error(task, exc, "pre-screen")

@@ -226,6 +226,28 @@ def one_code_tables_jpeg() -> bytes:
             + segment(0xDA, b"\x01\x01\x00\x00\x3f\x00") + b"\x3f" + b"\xff\xd9")
 
 
+def drop_huffman(data: bytes, drop) -> bytes:
+    """``data`` with the Huffman tables ``drop`` ((class, id) pairs: class 0 DC, 1 AC)
+    taken out of its DHT segments before the first SOS; an emptied segment goes. Dropping
+    all four of a Pillow file gives what a Motion-JPEG (AVI1) frame looks like."""
+    out, i = bytearray(data[:2]), 2
+    while data[i + 1] != 0xDA:
+        end = i + 2 + struct.unpack(">H", data[i + 2:i + 4])[0]
+        if data[i + 1] != 0xC4:
+            out += data[i:end]
+        else:
+            kept, j = b"", i + 4
+            while j < end:
+                n = 17 + sum(data[j + 1:j + 17])
+                if (data[j] >> 4, data[j] & 15) not in drop:
+                    kept += data[j:j + n]
+                j += n
+            if kept:
+                out += segment(0xC4, kept)
+        i = end
+    return bytes(out + data[i:])
+
+
 def sos_segment(components, ss=0, se=63, ah=0, al=0) -> bytes:
     """SOS for ``components`` = [(component id, td, ta), ...]."""
     body = bytes([len(components)])

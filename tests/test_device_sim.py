@@ -20,7 +20,7 @@ from dlbooster.hw.regs import Ctrl, DeviceStatus, Irq, Reg
 from dlbooster.sim.flow import simulator_available
 from dlbooster.sim.verify import expectation
 
-from jpegtools import feature_files, gen, pillow_rgb
+from jpegtools import drop_huffman, feature_files, gen, pillow_rgb
 
 pytestmark = pytest.mark.skipif(not simulator_available("verilator"), reason="verilator not installed")
 
@@ -123,6 +123,28 @@ def _tiny_last_intervals() -> dict[str, bytes]:
             files[f"{name}-{mode}-{w}x{h}"] = gen(w, h, subsampling=ss, image=image, quality=50,
                                                   restart_blocks=1)
     return files
+
+
+STANDARD = {(0, 0), (0, 1), (1, 0), (1, 1)}
+
+
+def test_a_scan_without_huffman_tables_needs_them_supplied(sim1):
+    """The device reads its Huffman tables from the input, as T.81 requires: a file
+    without DHT (a Motion-JPEG frame) is declined as ``missing-table``, and the same
+    file with libjpeg-turbo's standard tables inserted decodes to Pillow's image of the
+    original. The runtime inserts them (dlbooster.jpeg.standard_huffman_segment)."""
+    device = _fresh(sim1)
+    files = {f"{ss}": drop_huffman(gen(40, 24, subsampling=ss, quality=85), STANDARD) for ss in (0, 1, 2, "gray")}
+    raw = device.decode_batch([(data, _cap(data)) for data in files.values()])
+    assert [o.completion.reason for o in raw] == ["missing-table"] * len(files)
+    fixed = {name: jpeg.with_standard_huffman(data, jpeg.standard_huffman_segment(jpeg.parse(data)))
+             for name, data in files.items()}
+    outcomes = device.decode_batch([(data, _cap(data)) for data in fixed.values()])
+    for (name, data), outcome in zip(files.items(), outcomes):
+        ref, _ = pillow_rgb(data)
+        assert outcome.completion.status == 0, name
+        assert outcome.image.shape == ref.shape and (outcome.image == ref).all(), name
+    assert _violations(sim1) == 0
 
 
 def test_a_tiny_last_restart_interval_decodes(sim1):
@@ -564,8 +586,9 @@ def test_cli_decode_backend_sim(tmp_path, capsys):
     a = gen(24, 16, subsampling=2, quality=80)
     sos = a.index(b"\xff\xda")
     # d.jpg: a TEM between segments, which the decoder skips and Pillow refuses.
+    # e.jpg: no DHT, as a Motion-JPEG frame: the runtime supplies the standard tables.
     files = {"a.jpg": a, "b.jpg": gen(16, 16, progressive=True), "c.jpg": b"not a jpeg at all",
-             "d.jpg": a[:sos] + b"\xff\x01" + a[sos:]}
+             "d.jpg": a[:sos] + b"\xff\x01" + a[sos:], "e.jpg": drop_huffman(a, STANDARD)}
     for name, data in files.items():
         (tmp_path / name).write_bytes(data)
     code = main(["decode", "--backend", "sim", "--max-width", str(WIDTH), "--lanes", "4", "--json", "--verify",
@@ -580,4 +603,6 @@ def test_cli_decode_backend_sim(tmp_path, capsys):
     assert by_name["c.jpg"]["status"] == "error"
     assert by_name["d.jpg"]["status"] == "error" and by_name["d.jpg"]["declined"] == "malformed-header"
     assert "cycles" not in by_name["d.jpg"], "the host pre-screen keeps it from the device"
+    assert (by_name["e.jpg"]["status"], by_name["e.jpg"]["backend"]) == ("ok", "sim")
+    assert by_name["e.jpg"]["sha256"] == by_name["a.jpg"]["sha256"] and by_name["e.jpg"]["cycles"] > 0
     assert out["summary"]["pillow_mismatches"] == 0

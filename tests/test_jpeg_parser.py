@@ -18,6 +18,7 @@ from jpegtools import (
     assert_result_matches_pillow,
     corpus_paths,
     corpus_rows,
+    drop_huffman,
     find_rst,
     fuzz_examples,
     gen,
@@ -420,14 +421,84 @@ def test_classify_rgb_component_ids_without_jfif():
     assert_result_matches_pillow(backends.decode_result(with_jfif, "model"), with_jfif)
 
 
-@pytest.mark.parametrize("marker", [0xC4, 0xDB])
-def test_classify_missing_tables(marker):
-    data = gen(24, 16, subsampling=2)
+def _without(data: bytes, marker: int) -> bytes:
     info = jpeg.parse(data)
-    spans = [segment_span(data, off) for off in offsets(info, marker)]
-    for start, end in reversed(spans):
+    for start, end in reversed([segment_span(data, off) for off in offsets(info, marker)]):
         data = data[:start] + data[end:]
+    return data
+
+
+def test_classify_missing_quantisation_tables():
+    assert_fallback_consistent(_without(gen(24, 16, subsampling=2), 0xDB), "missing-table")
+
+
+def test_standard_huffman_tables_are_the_ones_libjpeg_writes():
+    """Pillow's encoder (libjpeg-turbo, not optimised) writes T.81's suggested tables:
+    the constants must be those, byte for byte."""
+    scan = jpeg.parse(gen(16, 16, subsampling=2)).scans[0]
+    assert set(jpeg.STANDARD_HUFFMAN) == {(0, 0), (0, 1), (1, 0), (1, 1)}
+    for (tc, th), (counts, symbols) in jpeg.STANDARD_HUFFMAN.items():
+        table = (scan.dc_tables if tc == 0 else scan.ac_tables)[th]
+        assert (table.counts, table.symbols) == (counts, symbols), (tc, th)
+        assert len(symbols) == sum(counts) and table.check(tc == 0) is None
+
+
+DROPS = [{(0, 0), (0, 1), (1, 0), (1, 1)}, {(1, 1)}, {(0, 0)}, {(0, 1), (1, 0)}]
+
+
+@pytest.mark.parametrize("optimize", [False, True], ids=["standard", "optimised"])
+@pytest.mark.parametrize("ss", [0, 1, 2, "gray"], ids=ss_id)
+@pytest.mark.parametrize("drop", DROPS, ids=lambda d: "-".join(f"{'da'[c]}{i}" for c, i in sorted(d)))
+def test_a_scan_without_its_huffman_tables_decodes_with_the_standard_ones(drop, ss, optimize):
+    """Motion-JPEG frames carry no DHT; libjpeg-turbo decodes a scan whose tables 0 and 1
+    are undefined with T.81's suggested tables. The inserted segment must give exactly
+    Pillow's result on the original: its image (from an optimised file, decoded with the
+    wrong tables, whatever Pillow makes of it), or an error where Pillow raises one; and
+    the model backend decodes it (as the device does) instead of declining it."""
+    data = drop_huffman(gen(40, 24, subsampling=ss, quality=80, optimize=optimize), drop)
+    info = jpeg.parse(data)
+    dht = jpeg.standard_huffman_segment(info)
+    if ss == "gray" and drop == {(1, 1)}:
+        assert dht is None and jpeg.classify(info) is None, "a gray scan names tables 0 only"
+        return
+    assert jpeg.classify(info) == "missing-table"
+    patched = jpeg.with_standard_huffman(data, dht)
+    fixed = jpeg.parse(patched)
+    assert patched[:2] == b"\xff\xd8" and patched[2:2 + len(dht)] == dht
+    assert patched[2 + len(dht):] == data[2:]
+    assert (0xC4, 2) in fixed.markers and jpeg.classify(fixed) is None
+    assert jpeg.standard_huffman_segment(fixed) is None
+    ref, err = pillow_rgb(data)
+    got, got_err = pillow_rgb(patched)
+    if err is None:
+        assert got_err is None and got.shape == ref.shape and (got == ref).all()
+    else:
+        assert got_err is not None and str(got_err) == str(err)
+    result = backends.decode_result(data, "model")
+    # Wrong tables make corrupt data, which the hardware hands to the CPU path.
+    assert_result_matches_pillow(result, data, allow_status=("ok", "fallback") if optimize else ("ok",))
+    if not optimize:
+        assert result.backend == "model"
+
+
+def test_a_missing_huffman_table_other_than_0_and_1_is_not_supplied():
+    """libjpeg-turbo has standard tables for 0 and 1 only: a scan naming an undefined
+    table 2 fails in Pillow, and stays declined (missing-table) here."""
+    data = bytearray(gen(24, 16, subsampling=2))
+    sos = offsets(jpeg.parse(bytes(data)), 0xDA)[0]
+    data[sos + 6] = 0x22                         # component 1: DC and AC table 2
+    data = bytes(data)
+    assert jpeg.standard_huffman_segment(jpeg.parse(data)) is None
+    assert pillow_rgb(data)[1] is not None
     assert_fallback_consistent(data, "missing-table")
+
+
+def test_nothing_to_supply():
+    data = gen(24, 16, subsampling=2)
+    assert jpeg.standard_huffman_segment(jpeg.parse(data)) is None
+    progressive = drop_huffman(gen(24, 16, subsampling=2, progressive=True), DROPS[0])
+    assert jpeg.standard_huffman_segment(jpeg.parse(progressive)) is None
+    assert jpeg.standard_huffman_segment(jpeg.parse(b"not a jpeg")) is None
 
 
 def test_classify_bad_tables():

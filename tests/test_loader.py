@@ -31,7 +31,7 @@ from dlbooster.loader import Loader
 from dlbooster.sim.flow import simulator_available
 from dlbooster.transforms import eval_transform, train_transform
 
-from jpegtools import feature_files, gen, gif_bytes, make_jpeg, photo, photo_crop, png_bytes, skimage_data_dir
+from jpegtools import drop_huffman, feature_files, gen, gif_bytes, make_jpeg, photo, photo_crop, png_bytes, skimage_data_dir
 
 WIDTH = 256          # the sim build of tests/test_device_sim.py: lanes 1 and 4, 256-pixel lines
 LANES = 4
@@ -604,6 +604,30 @@ def test_sim_loader_equals_pillow_and_cpu(sim, sim_source):
     for s, c in zip(sim_batches, cpu_batches, strict=True):
         assert torch.equal(s.indices, c.indices) and torch.equal(s.sizes, c.sizes)
         assert torch.equal(s.labels, c.labels) and torch.equal(s.images, c.images)
+
+
+@needs_verilator
+def test_sim_loader_decodes_motion_jpeg_frames_on_the_device(sim, tmp_path):
+    """Files without DHT (Motion-JPEG frames) reach the device with the standard tables
+    inserted, in every epoch (the second from the pre-screen's cached verdict), and come
+    back ``ok`` from it with Pillow's pixels; the dispatcher's staging buffers do not
+    grow from one epoch to the next (each rewritten input's own buffer is given back)."""
+    tables = {(0, 0), (0, 1), (1, 0), (1, 1)}
+    source = [(str(write(tmp_path / f"{i}.jpg", drop_huffman(gen(40, 24 + 2 * i, subsampling=ss, quality=85),
+                                                             tables))), i % 2)
+              for i, ss in enumerate((0, 1, 2, "gray", 2, 0))]
+    with _sim_loader(source, sim) as loader:
+        held = []
+        for epoch in range(2):
+            loader.set_epoch(epoch)
+            batches = drain(loader)
+            assert check_batches(loader, batches) == list(range(6))
+            assert all(not b.outcomes for b in batches), "every image ok, none declined"
+            assert loader.stats().outcomes == {"ok": 6}
+            dispatcher = loader.service._dispatchers[0]
+            held.append(len(dispatcher.allocated))
+        assert held[0] == held[1]
+        assert len(loader.service._screens) == 6 and all(v[4] is not None for v in loader.service._screens.values())
 
 
 @needs_verilator
