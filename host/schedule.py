@@ -38,17 +38,26 @@ backward scheduling do:
 Results: gradients bitwise equal to plain autograd's on the CPU (the same ATen kernels
 run, only separately; tested on ResNet-18/50, DenseNet and Inception blocks, shared and
 frozen layers, batch norm, autocast, and two gloo processes against DDP). A parameter
-shared by several layers gets its contributions summed in backward order, which for
-three or more uses may differ from autograd's sum in the last float32 bit.
+with several gradient contributions (shared by several layers, or one layer used twice,
+with a gradient already in ``.grad`` from an earlier pass) gets them summed in backward
+order, which may differ from autograd's sum in the last float32 bit.
 
 Layers split: ``nn.Conv1d/2d/3d`` with ``padding_mode="zeros"`` and numeric padding,
-``nn.Linear`` (and subclasses that keep their ``forward``); other layers (and these
-with string padding or other padding modes) keep autograd's backward. Weight
-gradients are computed only when the running backward accumulates into the weight
-(not for ``torch.autograd.grad(out, inputs)`` without it).
+``nn.Linear`` (and subclasses that keep their ``forward``), whose weight and bias are
+parameters of the layer itself; other layers keep autograd's backward: these with string
+padding or other padding modes, and layers whose weight is computed from other
+parameters (``weight_norm``, ``spectral_norm``, ``torch.nn.utils.parametrize``), whose
+gradient must flow back through that computation. A split layer's weight gradient is
+computed when the running backward accumulates into the weight; for
+``torch.autograd.grad(out, inputs)`` that names the weight or bias it is returned to
+autograd like any other gradient (on the main stream).
 
-Limits: with a process group every rank must produce the same gradients in the same
-order every iteration (a static graph, as DDP's ``static_graph``; a parameter with
+Limits: tensor hooks (``register_hook``) on a split layer's weight or bias are called
+with ``None`` and cannot change its gradient, and without a process group their
+post-accumulate hooks are not called: the gradient goes into ``.grad`` beside autograd.
+A copy of the model (``copy.deepcopy``, or ``torch.save`` of the whole module and
+``torch.load``) has plain layers. With a process group every rank must produce the same
+gradients in the same order every iteration (a static graph, as DDP's ``static_graph``; a parameter with
 more contributions than in the first iteration raises ``RuntimeError``; a graph that
 differs between ranks can hang the collectives); unused parameters are reduced as
 zeros; reentrant activation checkpointing is not supported (its inner backward passes
@@ -59,6 +68,9 @@ pass waits on the host for the timing events.
 from __future__ import annotations
 
 import contextlib
+import math
+import numbers
+import types
 from collections.abc import Callable
 
 import torch
@@ -74,12 +86,18 @@ _aten = torch.ops.aten
 
 def split_layers(model: nn.Module) -> list[tuple[str, nn.Module]]:
     """The ``(name, module)`` pairs of ``model`` whose backward :class:`SplitBackward`
-    splits, in module order."""
+    splits, in module order (the module docstring says which)."""
     found = []
     for name, m in model.named_modules():
         base = next((c for c in (nn.Linear, nn.Conv1d, nn.Conv2d, nn.Conv3d) if isinstance(m, c)), None)
         if base is None or type(m).forward is not base.forward:   # a subclass with its own forward
             continue
+        own_forward = m.__dict__.get("forward")
+        if own_forward is not None and not getattr(getattr(own_forward, "__func__", None), "split", False):
+            continue                              # the user's own forward on the instance
+        own = m._parameters
+        if own.get("weight") is not m.weight or own.get("bias", None) is not m.bias:
+            continue                              # weight_norm, parametrizations: computed weights
         if base is nn.Linear or (m.padding_mode == "zeros" and not isinstance(m.padding, str)):
             found.append((name, m))
     return found
@@ -125,16 +143,30 @@ class _SplitLayer(torch.autograd.Function):
                 grad_x = _input_grad(layer, grad_y, x, weight)
                 if unbatched:
                     grad_x = grad_x.squeeze(0)
-        # torch.autograd.grad(..., inputs) and backward(inputs=...) may not want them.
-        want_w = ctx.needs_input_grad[1] and _wanted(layer.weight)
-        want_b = ctx.has_bias and ctx.needs_input_grad[2] and _wanted(layer.bias)
-        scheduler._weight_grad(layer, grad_y, x, weight, want_w, want_b)
-        return grad_x, None, None, None, None
+        # backward(inputs=...) and torch.autograd.grad(..., inputs) may not want them;
+        # autograd.grad wants those it names returned (None: _wanted).
+        want_w = _wanted(layer.weight) if ctx.needs_input_grad[1] else False
+        want_b = _wanted(layer.bias) if ctx.has_bias and ctx.needs_input_grad[2] else False
+        grad_w = grad_b = None
+        if want_w is None or want_b is None:
+            grad_w, grad_b = _weight_grads(layer, grad_y, x, weight, want_w is None, want_b is None)
+            grad_w = grad_w.to(layer.weight.dtype) if grad_w is not None else None
+            grad_b = grad_b.to(layer.bias.dtype) if grad_b is not None else None
+        scheduler._weight_grad(layer, grad_y, x, weight, want_w is True, want_b is True)
+        return grad_x, grad_w, grad_b, None, None
 
 
-def _wanted(param: nn.Parameter) -> bool:
-    """Whether the running backward pass accumulates into ``param``."""
-    return torch._C._will_engine_execute_node(get_gradient_edge(param).node)
+def _wanted(param: nn.Parameter) -> bool | None:
+    """Whether the running backward pass accumulates into ``param`` (True), does not need
+    its gradient (False), or is a ``torch.autograd.grad`` that returns it (None)."""
+    try:
+        return torch._C._will_engine_execute_node(get_gradient_edge(param).node)
+    except RuntimeError as exc:
+        # autograd.grad captures a leaf's gradient from the edge instead of running its
+        # accumulation node; the engine raises when asked about such a node.
+        if "autograd.grad" not in str(exc):
+            raise
+        return None
 
 
 def _input_grad(layer: nn.Module, grad_y, x, weight):
@@ -262,17 +294,35 @@ class SplitBackward:
         trace: a :class:`dlbooster.trace.Trace` to record every input- and
             weight-gradient task in (CUDA tasks are timed with CUDA events).
 
+    Raises:
+        TypeError: ``model`` is not an ``nn.Module``, ``streams`` not an int.
+        ValueError: ``streams`` below 1, ``bucket_mb`` not a positive finite number, or
+            a lazy layer (``nn.LazyLinear``, ...) not yet initialised by a forward pass.
+
     Use: ``loss.backward()`` as usual, then ``optimizer.step()``; gradients are final
     (and reduced) when ``backward()`` returns.
     """
 
     def __init__(self, model: nn.Module, *, streams: int = 2, process_group=None,
                  bucket_mb: float = 25.0, trace=None):
+        if not isinstance(model, nn.Module):
+            raise TypeError(f"model must be a torch.nn.Module, not {type(model).__name__}")
+        if not isinstance(streams, numbers.Integral) or isinstance(streams, bool):
+            raise TypeError(f"streams must be an int, not {streams!r}")
+        if streams < 1:
+            raise ValueError(f"streams must be at least 1, not {streams}")
+        if (not isinstance(bucket_mb, numbers.Real) or isinstance(bucket_mb, bool)
+                or not math.isfinite(bucket_mb) or bucket_mb <= 0):
+            raise ValueError(f"bucket_mb must be a positive number of megabytes, not {bucket_mb!r}")
+        for name, p in model.named_parameters():
+            if isinstance(p, nn.parameter.UninitializedParameter):
+                raise ValueError(f"parameter {name} is not initialised yet (a lazy layer): run one "
+                                 f"forward pass before SplitBackward")
         self.model, self.trace = model, trace
         self.layers = split_layers(model)
         self.names = {m: name or type(m).__name__ for name, m in self.layers}
         self._streams: list = []
-        self._nstreams = max(1, streams)
+        self._nstreams = int(streams)
         self._stream_of: dict[int, object] = {}  # id(weight) -> its side stream
         self._task: int | None = None             # the autograd graph task being served
         self._used_streams: set = set()
@@ -286,19 +336,21 @@ class SplitBackward:
             group = dist.group.WORLD
         self._reducer = None
         self._handles = []
-        for _, m in self.layers:
-            for p in (m.weight, m.bias):
-                if p is not None and p.requires_grad:
-                    # Runs only when autograd itself brings p a gradient: p is also used
-                    # outside split layers (tied weights).
-                    self._handles.append(p.register_hook(self._before_autograd_accumulates(p)))
-        if group is not None:
-            params = [p for p in model.parameters() if p.requires_grad]
-            self._broadcast(group)
-            self._reducer = _Reducer(params, group, int(bucket_mb * 2**20), self._join_streams)
-            for p in params:            # autograd's accumulations count as contributions too
-                self._handles.append(p.register_post_accumulate_grad_hook(self._accumulated))
-            self._handles.append(model.register_forward_pre_hook(lambda m, a: self._broadcast_buffers(group)))
+        try:
+            for _, m in self.layers:
+                for p in (m.weight, m.bias):
+                    if p is not None and p.requires_grad:
+                        self._handles.append(p.register_hook(self._before_autograd_accumulates(p)))
+            if group is not None:
+                params = [p for p in model.parameters() if p.requires_grad]
+                self._broadcast(group)
+                self._reducer = _Reducer(params, group, int(bucket_mb * 2**20), self._join_streams)
+                for p in params:            # autograd's accumulations count as contributions too
+                    self._handles.append(p.register_post_accumulate_grad_hook(self._accumulated))
+                self._handles.append(model.register_forward_pre_hook(lambda m, a: self._broadcast_buffers(group)))
+        except BaseException:
+            self.remove()                 # a bad process group: leave the model as it was
+            raise
         for _, m in self.layers:
             m.forward = self._forward_of(m)
 
@@ -316,9 +368,14 @@ class SplitBackward:
                     dist.broadcast(t, src, group=group)
 
     def _forward_of(self, layer: nn.Module) -> Callable:
-        def forward(x):
-            return _SplitLayer.apply(x, layer.weight, layer.bias, layer, self)
-        return forward
+        # A method of the layer, so that a deep copy of it is bound to the copy, which then
+        # computes as a plain layer; named ``forward``, so that unpickling finds the class's.
+        def forward(module, x):
+            if module is not layer:
+                return type(module).forward(module, x)
+            return _SplitLayer.apply(x, module.weight, module.bias, module, self)
+        forward.split = True
+        return types.MethodType(forward, layer)
 
     def remove(self) -> None:
         """Give the layers their own ``forward`` back and drop the hooks."""
@@ -361,9 +418,12 @@ class SplitBackward:
         return s
 
     def _before_autograd_accumulates(self, p: nn.Parameter) -> Callable:
+        # Autograd calls it for every contribution to p, with None for a split layer's
+        # (which returns no weight gradient); a tensor is autograd's own, from a use of p
+        # outside split layers (tied weights), and its add must follow ours.
         def hook(grad):
             s = self._stream_of.get(id(p))
-            if s is not None and grad.is_cuda:     # autograd's add must follow ours
+            if grad is not None and s is not None and grad.is_cuda:
                 torch.cuda.current_stream(grad.device).wait_stream(s)
             return grad
         return hook

@@ -306,3 +306,120 @@ def test_cuda_streams_match_autograd():
     streams = {e["tid"] for e in trace.events if e.get("cat") == "cuda"}
     assert len(streams) == 2
 
+
+
+def test_autograd_grad_of_split_weights_equals_autograd():
+    """torch.autograd.grad naming a split layer's weight and bias gets them back (the
+    engine captures them from the layer's node, so the split layer must return them),
+    equal to plain autograd's, and leaves every .grad alone."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Conv2d(3, 4, 3), nn.ReLU(), nn.Flatten(), nn.Linear(16, 2), nn.LayerNorm(2))
+    reference = copy.deepcopy(model)
+    SplitBackward(model)
+    x = torch.randn(2, 3, 4, 4, requires_grad=True)
+    for m in (reference, model):
+        wanted = [x, m[0].weight, m[3].bias, m[4].weight]
+        got = torch.autograd.grad(m(x).square().sum(), wanted)
+        if m is reference:
+            expect = got
+    assert all(torch.equal(a, b) for a, b in zip(expect, got))
+    assert all(p.grad is None for p in model.parameters())
+    unbatched = nn.Conv1d(2, 3, 3)
+    ref_w = torch.autograd.grad(unbatched(torch.ones(2, 5)).sum(), unbatched.weight)[0]
+    SplitBackward(unbatched)
+    assert torch.equal(torch.autograd.grad(unbatched(torch.ones(2, 5)).sum(), unbatched.weight)[0], ref_w)
+
+
+def test_computed_weights_are_not_split_and_get_their_gradients():
+    """weight_norm and parametrizations compute a layer's weight from other parameters;
+    a split layer would keep those parameters from their gradients (weight_norm's g and v
+    got None), so such layers keep autograd's backward."""
+    def make():
+        torch.manual_seed(0)
+        model = nn.Sequential(nn.Linear(4, 3), nn.Tanh(), nn.Linear(3, 3), nn.Tanh(), nn.Linear(3, 2))
+        with pytest.warns(FutureWarning):
+            torch.nn.utils.weight_norm(model[0])
+        torch.nn.utils.parametrizations.weight_norm(model[2])
+        return model
+
+    reference, model = make(), make()
+    SplitBackward(model)
+    assert [n for n, _ in split_layers(model)] == ["4"]
+    x, y = torch.randn(5, 4), torch.tensor([0, 1, 1, 0, 1])
+    for m in (reference, model):
+        _step(m, x, y)
+    a, b = _grads(reference), _grads(model)
+    assert a.keys() == b.keys() and {"0.weight_g", "0.weight_v", "2.parametrizations.weight.original0"} <= a.keys()
+    for name in a:
+        assert a[name] is not None and torch.equal(a[name], b[name]), name
+
+
+def test_a_copy_of_a_split_model_is_a_plain_model():
+    """copy.deepcopy after installing (an EMA or teacher model) computes with the copy's
+    own weights, and torch.save of the whole module loads as plain layers."""
+    import io
+
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(4, 3), nn.ReLU(), nn.Linear(3, 2))
+    SplitBackward(model)
+    twin = copy.deepcopy(model)
+    with torch.no_grad():
+        for p in twin.parameters():
+            p.zero_()
+    x = torch.randn(2, 4)
+    assert torch.equal(twin(x), torch.zeros(2, 2))
+    assert not torch.equal(model(x), torch.zeros(2, 2))
+    buf = io.BytesIO()
+    torch.save(model, buf)
+    buf.seek(0)
+    loaded = torch.load(buf, weights_only=False)
+    assert torch.equal(loaded(x), model(x))
+    loaded(x).sum().backward()
+    assert loaded[0].weight.grad is not None
+
+
+def test_a_tied_weight_hook_ignores_the_split_layers_none():
+    """Autograd calls a parameter's tensor hooks with None for a split layer's
+    contribution. The scheduler's own hook orders autograd's add after the parameter's
+    side stream on CUDA; it must let None through (it read ``None.is_cuda`` on CUDA,
+    failing every backward pass). A stand-in stream marks the weight as served by one."""
+    torch.manual_seed(0)
+    model = nn.Linear(4, 2)
+    reference = copy.deepcopy(model)
+    scheduler = SplitBackward(model)
+    scheduler._stream_of[id(model.weight)] = object()
+    x = torch.randn(3, 4)
+    for m in (reference, model):
+        m(x).sum().backward()
+    assert torch.equal(model.weight.grad, reference.weight.grad)
+
+
+def test_bad_arguments_and_lazy_layers():
+    model = nn.Sequential(nn.Linear(3, 2))
+    for bad, error in [({"streams": 0}, ValueError), ({"streams": 2.5}, TypeError), ({"streams": "2"}, TypeError),
+                       ({"bucket_mb": "x"}, ValueError), ({"bucket_mb": 0}, ValueError),
+                       ({"bucket_mb": float("inf")}, ValueError)]:
+        with pytest.raises(error):
+            SplitBackward(model, **bad)
+    with pytest.raises(TypeError, match="nn.Module"):
+        SplitBackward(None)
+    with pytest.raises(ValueError, match="forward pass"):
+        SplitBackward(nn.Sequential(nn.LazyLinear(2)))
+    assert "forward" not in model[0].__dict__ and not model[0].weight._backward_hooks
+
+
+def test_a_failed_install_leaves_no_hooks():
+    model = nn.Sequential(nn.Linear(3, 2))
+    with pytest.raises(Exception):
+        SplitBackward(model, process_group=object())
+    assert not model[0].weight._backward_hooks and not model[0].bias._backward_hooks
+    assert "forward" not in model[0].__dict__
+
+
+def test_an_instance_forward_is_not_split():
+    model = nn.Sequential(nn.Linear(3, 2), nn.Linear(2, 2))
+    own = model[0].forward = lambda x: 3 * x[..., :2]
+    scheduler = SplitBackward(model)
+    assert [n for n, _ in scheduler.layers] == ["1"]
+    scheduler.remove()
+    assert model[0].forward is own
