@@ -130,6 +130,18 @@ def dist_env() -> tuple[int, int]:
     return rank, world_size
 
 
+def _dist_one(name: str) -> int:
+    """``RANK`` or ``WORLD_SIZE`` alone, for a caller that gave the other: the process
+    group's, else the environment variable's, else the single process's (0 or 1).
+    Raises ValueError when the variable is not an integer."""
+    dist = sys.modules.get("torch.distributed")
+    if dist is not None and dist.is_available() and dist.is_initialized():
+        return dist.get_rank() if name == "RANK" else dist.get_world_size()
+    if name not in os.environ:
+        return 0 if name == "RANK" else 1
+    return _env_int(name)
+
+
 class ShardSampler:
     """A resumable ``DistributedSampler``: the same indices, plus a saved position.
 
@@ -151,7 +163,8 @@ class ShardSampler:
         shuffle: shuffle (per ``seed + epoch``) or keep the dataset order.
         drop_last: drop the tail that does not divide evenly instead of padding.
         rank, world_size: this process's place; ``None`` takes both from
-            :func:`dist_env` (one given, the other ``None``, takes the missing one).
+            :func:`dist_env`; one given and the other ``None`` reads only the missing
+            one (the process group's, else its environment variable, else 0 or 1).
 
     Attributes:
         epoch: the current epoch (0 until :meth:`set_epoch`).
@@ -164,10 +177,12 @@ class ShardSampler:
     def __init__(self, length: int, *, seed: int = 0, shuffle: bool = True,
                  drop_last: bool = False, rank: int | None = None,
                  world_size: int | None = None) -> None:
-        if rank is None or world_size is None:
-            env_rank, env_world = dist_env()
-            rank = env_rank if rank is None else rank
-            world_size = env_world if world_size is None else world_size
+        if rank is None and world_size is None:
+            rank, world_size = dist_env()
+        elif rank is None:
+            rank = _dist_one("RANK")
+        elif world_size is None:
+            world_size = _dist_one("WORLD_SIZE")
         self.length, self.rank, self.world_size = _check_shard(length, rank, world_size)
         self.seed = seed
         self.shuffle = shuffle

@@ -174,6 +174,20 @@ def test_shard_sampler_defaults_from_env(monkeypatch):
     assert (s.rank, s.world_size) == (0, 1)
 
 
+def test_an_explicit_value_reads_only_the_other_variable(monkeypatch):
+    """Given one of rank and world size, the sampler needs only the other's variable: a
+    malformed or missing one of the given kind does not matter."""
+    monkeypatch.setenv("RANK", "not-a-number")
+    monkeypatch.setenv("WORLD_SIZE", "4")
+    s = ShardSampler(10, rank=3)
+    assert (s.rank, s.world_size) == (3, 4)
+    with pytest.raises(ValueError, match="RANK='not-a-number'"):
+        ShardSampler(10, world_size=4)
+    monkeypatch.setenv("RANK", "1")
+    monkeypatch.delenv("WORLD_SIZE")
+    assert (ShardSampler(10, world_size=2).rank, ShardSampler(10, rank=0).world_size) == (1, 1)
+
+
 def test_shard_sampler_rejects_bad_rank():
     with pytest.raises(ValueError, match="rank"):
         ShardSampler(10, rank=3, world_size=3)
