@@ -564,9 +564,6 @@ def _cmd_records(args: argparse.Namespace) -> int:
     from .records import RecordError, RecordSet, info, record_paths, write_records
 
     if args.action == "write":
-        if args.out is None:
-            print("dlbooster records write: give SRC and OUT", file=sys.stderr)
-            return 2
         src = Path(args.src)
         if not src.is_dir():
             print(f"dlbooster records write: {src}: {'not a folder' if src.exists() else 'no such folder'}",
@@ -610,9 +607,6 @@ def _cmd_records(args: argparse.Namespace) -> int:
         if args.json:
             print(json.dumps(reports, indent=1))
         return 1 if any(r["skipped"] for r in reports.values()) else 0
-    if args.out is not None:
-        print("dlbooster records info: takes one DIR", file=sys.stderr)
-        return 2
     try:
         result = info(RecordSet(args.src), sample=args.sample)
     except (OSError, RecordError, ValueError) as exc:
@@ -900,21 +894,28 @@ def _parser() -> argparse.ArgumentParser:
     p.set_defaults(func=_cmd_train)
 
     p = sub.add_parser("records", help="Progressive Compressed Records: multi-fidelity data sets",
-                       description="'records write SRC OUT': re-encode the ImageFolder SRC losslessly as "
-                                   "progressive JPEGs (jpegtran) and write record files grouped by scan "
-                                   "(SRC with train/ and val/ gives OUT/train and OUT/val); exit 1 when a "
-                                   "file was skipped. 'records info DIR': bytes per fidelity and PSNR "
-                                   "against full fidelity.")
-    p.add_argument("action", choices=("write", "info"))
-    p.add_argument("src", metavar="SRC_OR_DIR")
-    p.add_argument("out", nargs="?", metavar="OUT")
-    p.add_argument("--images-per-record", type=_positive, default=256, help="write: images per record file")
-    p.add_argument("--no-verify", action="store_true",
-                   help="write: skip the check that each image's full decode equals its source's")
-    p.add_argument("--workers", type=_positive, help="write: jpegtran processes at once (default: CPU count)")
-    p.add_argument("--sample", type=_positive, default=16, help="info: images whose PSNR is measured")
-    p.add_argument("--json", action="store_true", help="print the report as JSON")
+                       description="Progressive Compressed Records: write them from an ImageFolder, or "
+                                   "report on a record set (docs/records.md).")
     p.set_defaults(func=_cmd_records)
+    actions = p.add_subparsers(dest="action", metavar="{write,info}", required=True)
+    w = actions.add_parser("write", help="write record files from an ImageFolder",
+                           description="Re-encode the ImageFolder SRC losslessly as progressive JPEGs "
+                                       "(jpegtran) and write record files grouped by scan into OUT (SRC "
+                                       "with train/ and val/ gives OUT/train and OUT/val); exit 1 when a "
+                                       "file was skipped, 2 when the command refused or failed.")
+    w.add_argument("src", metavar="SRC")
+    w.add_argument("out", metavar="OUT")
+    w.add_argument("--images-per-record", type=_positive, default=256, help="images per record file")
+    w.add_argument("--no-verify", action="store_true",
+                   help="skip the check that each image's full decode equals its source's")
+    w.add_argument("--workers", type=_positive, help="jpegtran processes at once (default: CPU count)")
+    w.add_argument("--json", action="store_true", help="print the report as JSON")
+    i = actions.add_parser("info", help="bytes per fidelity and PSNR against full fidelity",
+                           description="Bytes per fidelity of the record set DIR, and the PSNR of each "
+                                       "fidelity against full fidelity over a sample of its images.")
+    i.add_argument("src", metavar="DIR")
+    i.add_argument("--sample", type=_positive, default=16, help="images whose PSNR is measured")
+    i.add_argument("--json", action="store_true", help="print the report as JSON")
 
     p = sub.add_parser("demo", help="decode real photographs through the model, checked "
                                     "against Pillow")

@@ -611,7 +611,13 @@ def test_cli_write_info_and_train(tmp_path):
     code, _, err = _cli("records", "info", str(tmp_path / "rec" / "val"), "--sample", "0")
     assert code == 2 and "--sample: must be at least 1, not 0" in err
     code, _, err = _cli("records", "info", str(tmp_path / "rec" / "val"), "extra")
-    assert code == 2 and "takes one DIR" in err
+    assert code == 2 and "unrecognized arguments: extra" in err
+    code, _, err = _cli("records", "write", str(src))
+    assert code == 2 and "required: OUT" in err
+    code, out, _ = _cli("records", "write", "--help")
+    assert code == 0 and "--images-per-record" in out and "--sample" not in out
+    code, out, _ = _cli("records", "info", "--help")
+    assert code == 0 and "--sample" in out and "--images-per-record" not in out
 
     code, out, err = _cli("train", "--records", str(tmp_path / "rec"), "--fidelity", "auto", "--steps", "2",
                           "--batch-size", "3", "--image-size", "32", "--json")
