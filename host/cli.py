@@ -561,7 +561,7 @@ def _cmd_demo(args: argparse.Namespace) -> int:
 
 def _cmd_records(args: argparse.Namespace) -> int:
     from .bench import _table
-    from .records import RecordError, RecordSet, info, record_paths, write_records
+    from .records import RecordError, RecordSet, info, record_paths, source_classes, write_records
 
     if args.action == "write":
         src = Path(args.src)
@@ -577,13 +577,19 @@ def _cmd_records(args: argparse.Namespace) -> int:
         problem = None
         if Path(os.path.realpath(args.out)).is_relative_to(os.path.realpath(src)):
             problem = f"{args.out}: inside the source folder {src}"
-        for _, out in pairs:
+        for source, out in pairs:
             if problem is None and out.is_dir() and record_paths(out):
                 problem = f"{out}: already holds record files"
+            if problem is None:
+                try:
+                    source_classes(source)
+                except OSError as exc:
+                    problem = str(exc)
         if problem is not None:
             print(f"dlbooster records write: {problem}", file=sys.stderr)
             return 2
         reports = {}
+        written: list[str] = []
         for source, out in pairs:
             def show(done, total, name=source.name):
                 if not args.json and sys.stderr.isatty() and (done == total or done % 50 == 0):
@@ -592,9 +598,15 @@ def _cmd_records(args: argparse.Namespace) -> int:
             try:
                 report = write_records(source, out, images_per_record=args.images_per_record,
                                        verify=not args.no_verify, workers=args.workers, progress=show)
-            except (OSError, RecordError, ValueError) as exc:
-                print(f"dlbooster records write: {exc}", file=sys.stderr)
+            except BaseException as exc:
+                for path in written:              # train/ without val/ is no data set
+                    Path(path).unlink(missing_ok=True)
+                if not isinstance(exc, (OSError, RecordError, ValueError)):
+                    raise
+                removed = f" (the record files written to {pairs[0][1]} are removed)" if written else ""
+                print(f"dlbooster records write: {exc}{removed}", file=sys.stderr)
                 return 2
+            written += report.records
             reports[str(out)] = report.to_json()
             if not args.json:
                 print(f"{out}: {report.images} images in {len(report.records)} record file(s), "

@@ -41,6 +41,8 @@ decoder hardware's profile (SPEC.md section 2): record images decode on the CPU 
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import io
 import json
 import numbers
@@ -49,6 +51,7 @@ import shutil
 import stat
 import struct
 import subprocess
+import tempfile
 import threading
 import zlib
 from collections.abc import Callable, Iterator
@@ -59,7 +62,7 @@ from pathlib import Path
 import numpy as np
 
 __all__ = ["FORMAT_VERSION", "MAGIC", "RecordError", "RecordFile", "RecordSet", "WriteReport",
-           "is_record_dir", "rebuild", "split_scans", "transcode", "write_records"]
+           "is_record_dir", "rebuild", "source_classes", "split_scans", "transcode", "write_records"]
 
 MAGIC = b"DLBPCR\r\n"
 FORMAT_VERSION = 1
@@ -264,27 +267,95 @@ def write_records(src: str | os.PathLike, out_dir: str | os.PathLike, *, images_
     left out and listed in the report's ``skipped`` with the reason (jpegtran refuses
     files it only warns about, e.g. extraneous bytes, which Pillow may still decode).
 
+    The set appears whole or not at all: the files are written into a hidden folder
+    inside ``out_dir`` and moved into place once every one is written; a failed or
+    interrupted write leaves no record file (a killed one leaves its hidden folder,
+    removed by the next write). One write at a time may fill ``out_dir`` (an
+    ``flock`` on the folder, released when the writer ends however it ends).
+
     Raises:
-        FileNotFoundError: ``src`` is no ImageFolder.
-        FileExistsError: ``out_dir`` already holds record files.
+        FileNotFoundError: ``src`` is no ImageFolder (the message names ``src``).
+        FileExistsError: ``out_dir`` already holds record files, or another write is
+            filling it.
         RecordError: jpegtran is missing.
         ValueError: ``images_per_record`` below 1, or ``out_dir`` inside ``src``.
-        OSError: a record file cannot be written (its temporary file is removed).
+        OSError: a record file cannot be written (named in the error; nothing of the
+            set is left).
     """
-    from .sources import image_folder
-
     if images_per_record < 1:
         raise ValueError(f"images_per_record must be at least 1, not {images_per_record}")
     if Path(os.path.realpath(out_dir)).is_relative_to(os.path.realpath(src)):
         # Inside SRC the new folder would become a class of SRC's ImageFolder.
         raise ValueError(f"{out_dir}: inside the source folder {src}")
-    samples, classes, _ = image_folder(src)
+    samples, classes = source_classes(src)
     jpegtran = _jpegtran(jpegtran)
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    if record_paths(out):
-        raise FileExistsError(f"{out}: already holds record files")
-    root = os.path.abspath(src)
+    with _exclusive(out):
+        if record_paths(out):
+            raise FileExistsError(f"{out}: already holds record files")
+        for stale in out.glob(_STAGING + "*"):   # a killed write's (none runs: we hold the lock)
+            shutil.rmtree(stale, ignore_errors=True)
+        stage = Path(tempfile.mkdtemp(prefix=_STAGING, dir=out))
+        moved: list[str] = []
+        try:
+            report = _write_set(samples, classes, os.path.abspath(src), out, stage, images_per_record,
+                                verify, workers, jpegtran, progress)
+            for name in sorted(os.listdir(stage)):
+                os.replace(stage / name, out / name)
+                moved.append(name)
+        except BaseException:
+            for name in moved:                       # a part of the set is no set
+                (out / name).unlink(missing_ok=True)
+            raise
+        finally:
+            shutil.rmtree(stage, ignore_errors=True)
+    return report
+
+
+#: Prefix of the hidden folder a write fills before its files move into place.
+_STAGING = ".records-writing-"
+
+
+@contextlib.contextmanager
+def _exclusive(out: Path):
+    """Hold an exclusive ``flock`` on the folder ``out`` (released on close, also when
+    the process dies).
+
+    Raises:
+        FileExistsError: another process or thread holds it.
+    """
+    fd = os.open(out, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise FileExistsError(f"{out}: another records write is filling it") from None
+        yield
+    finally:
+        os.close(fd)
+
+
+def source_classes(src: str | os.PathLike) -> tuple[list, list[str]]:
+    """``(samples, classes)`` of the ImageFolder ``src``, as :func:`write_records`
+    takes them (:func:`dlbooster.sources.image_folder`).
+
+    Raises:
+        FileNotFoundError: ``src`` is no ImageFolder; the message names ``src``.
+    """
+    from .sources import image_folder
+
+    try:
+        samples, classes, _ = image_folder(src)
+    except FileNotFoundError as exc:
+        # torchvision's messages name the class folders, not the folder that holds them.
+        raise FileNotFoundError(str(exc) if os.fspath(src) in str(exc) else f"{os.fspath(src)}: {exc}") from None
+    return samples, classes
+
+
+def _write_set(samples, classes, root, out, stage, images_per_record, verify, workers, jpegtran,
+               progress) -> WriteReport:
+    """Transcode ``samples`` into record files in ``stage``, reported under ``out``."""
     report = WriteReport()
     stored: list[tuple[str, int, int, list[bytes]]] = []
     lock = threading.Lock()
@@ -307,10 +378,10 @@ def write_records(src: str | os.PathLike, out_dir: str | os.PathLike, *, images_
         nonlocal number
         if not stored:
             return
-        path = out / f"records-{number:05d}{SUFFIX}"
-        _write_file(path, stored, classes)
-        report.records.append(str(path))
-        report.record_bytes += path.stat().st_size
+        name = f"records-{number:05d}{SUFFIX}"
+        _write_file(stage / name, out / name, stored, classes)
+        report.records.append(str(out / name))
+        report.record_bytes += (stage / name).stat().st_size
         number += 1
         stored.clear()
 
@@ -336,7 +407,9 @@ def write_records(src: str | os.PathLike, out_dir: str | os.PathLike, *, images_
     return report
 
 
-def _write_file(path: Path, images: list[tuple[str, int, int, list[bytes]]], classes: list[str]) -> None:
+def _write_file(path: Path, final: Path, images: list[tuple[str, int, int, list[bytes]]],
+                classes: list[str]) -> None:
+    """Write one record file at ``path``; an error names ``final``, where it goes."""
     n = len(images)
     s = max(len(p) - 1 for *_, p in images)
     meta = json.dumps({
@@ -356,16 +429,14 @@ def _write_file(path: Path, images: list[tuple[str, int, int, list[bytes]]], cla
         table.append(_GROUP.pack(offset, len(g), zlib.crc32(g), 0))
         offset += len(g)
     head = _HEADER.pack(MAGIC, FORMAT_VERSION, n, s, len(meta), 0) + meta + lengths.tobytes() + b"".join(table)
-    tmp = path.with_name(path.name + ".tmp")
     try:
-        with open(tmp, "wb") as f:
+        with open(path, "wb") as f:
             f.write(head + _CRC.pack(zlib.crc32(head)))
             for g in groups:
                 f.write(g)
-        os.replace(tmp, path)          # a reader never sees a half-written record
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
+    except OSError as exc:
+        # A failed write (ENOSPC, EFBIG) names no file; the staging path would mislead.
+        raise OSError(exc.errno, f"{exc.strerror or exc}: writing record file", str(final)) from exc
 
 
 # ------------------------------------------------------------------------------ reader
@@ -406,13 +477,17 @@ class RecordFile:
         opening one would release its writer; ``O_NONBLOCK`` covers a swap after the
         check, as :func:`dlbooster.backends.read_file` does).
 
-        The file is the one this object opened when its device, inode, size, and
-        modification and status-change times are unchanged: ``cp -p``, ``rsync -t
-        --inplace`` or ``tar`` can give new contents the old inode and modification time,
-        and the change time tells them apart.
+        The file is taken as the one this object opened while its device, inode, size,
+        and modification and status-change times are unchanged (``cp -p``, ``rsync -t
+        --inplace`` or ``tar`` can give new contents the old inode and modification
+        time; the change time tells them apart). When any of them changed (also by a
+        ``chmod``, a hard link, a ``touch``, or the same bytes copied again), the header
+        is read again: byte for byte the one opened, the file is still this record (the
+        header holds every image's lengths and every scan group's CRC), and each group's
+        CRC is checked again before its bytes are used; otherwise the file is another.
 
         Raises:
-            RecordError: not a regular file, or not the file this object opened.
+            RecordError: not a regular file, or not the record this object opened.
         """
         if not stat.S_ISREG(os.stat(self.path).st_mode):
             raise RecordError(f"{self.path}: not a regular file")
@@ -430,9 +505,18 @@ class RecordFile:
         if self._identity is None:
             self._identity = identity
         elif identity != self._identity:
-            f.close()
-            raise RecordError(f"{self.path}: the record file changed after it was opened (rewritten, replaced "
-                              f"or truncated): open the record set again")
+            try:
+                same = os.pread(fd, len(self._head), 0) == self._head
+            except OSError:
+                same = False
+            if not same:
+                f.close()
+                raise RecordError(f"{self.path}: the record file changed after it was opened (rewritten, replaced "
+                                  f"or truncated): open the record set again")
+            with self._lock:
+                if self._identity != identity:
+                    self._identity, self._size = identity, st.st_size
+                    self._verdicts = [None] * (self.scans + 1)
         return f
 
     def _read_header(self, f) -> None:
@@ -455,6 +539,7 @@ class RecordFile:
         if reserved:
             raise RecordError(f"{path}: corrupt record: reserved header field is not 0")
         meta = _metadata(body[:m], n, s, path)
+        self._head = head + body            # what a later open compares (see _open)
         self.images, self.scans = n, s
         self.labels, self.names, self.classes = meta["labels"], meta["names"], meta["classes"]
         self.source_bytes, self.scan_counts = meta["source_bytes"], meta["scan_counts"]

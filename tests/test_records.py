@@ -315,9 +315,13 @@ def test_reader_rejects_forged_records(written, tmp_path):
     # Truncated after it was opened: reported (no fault from a stale mapping).
     path.write_bytes(good)
     rf = R.RecordFile(path)
-    os.truncate(path, 4096)
-    with pytest.raises(R.RecordError, match="changed after it was opened"):
+    os.truncate(path, 4096)                          # the header is whole: the group is short
+    with pytest.raises(R.RecordError, match=r"truncated record: scan group \d+ needs bytes up to \d+, "
+                                            r"the file has 4096$"):
         rf.image(rf.images - 1)
+    os.truncate(path, 40)                            # inside the header: another file
+    with pytest.raises(R.RecordError, match="changed after it was opened"):
+        rf.image(0)
 
 
 def test_info_leaves_out_images_pillow_refuses(written, monkeypatch):
@@ -406,10 +410,16 @@ def test_loader_reports_a_corrupt_record_per_sample(written, tmp_path):
         assert outcome.path.startswith(str(victim) + "#") and "scan group 2 CRC" in outcome.detail
 
 
+def _past_the_clock_tick(st) -> None:
+    """Wait until a change made now gets a status-change time other than ``st``'s."""
+    while time.time_ns() - st.st_ctime_ns < 50_000_000:      # past the file clock's coarse tick
+        time.sleep(0.01)
+
+
 def test_a_record_file_changed_after_opening_is_reported(written, tmp_path):
     """A record file rewritten or replaced while its record set is open was read with
     the old index and the old CRC verdicts (misaligned bytes, or another image under the
-    old label); each read now checks that the path still names the file opened."""
+    old label); each read now checks that the path still names the record opened."""
     from dlbooster import Loader
 
     _, rec, _ = written
@@ -422,17 +432,13 @@ def test_a_record_file_changed_after_opening_is_reported(written, tmp_path):
     os.replace(second, first)                        # another record under the same name
     with pytest.raises(R.RecordError, match=r"changed after it was opened"):
         rf.image(0)
-    shutil.copy(rec / first.name, first)             # the same bytes, written again
-    with pytest.raises(R.RecordError, match=r"changed after it was opened"):
-        rf.read_prefix(1)
     # New contents in place with the old inode and modification time (cp -p, rsync -t
     # --inplace, tar): only the status-change time tells them apart.
     third = R.RecordFile(folder / sorted(rec.glob("*.pcr"))[2].name)
     victim, before = Path(third.path), os.stat(third.path)
     data = bytearray(victim.read_bytes())
-    data[-1] ^= 0xFF
-    while time.time_ns() - before.st_ctime_ns < 50_000_000:   # past the file clock's coarse tick
-        time.sleep(0.01)
+    data[R._HEADER.size + 20] ^= 0x01                # in the metadata: the header differs
+    _past_the_clock_tick(before)
     with open(victim, "r+b") as f:
         f.write(data)
     os.utime(victim, ns=(before.st_atime_ns, before.st_mtime_ns))
@@ -447,6 +453,42 @@ def test_a_record_file_changed_after_opening_is_reported(written, tmp_path):
     n1, n2, n3 = (f.images for f in records.files[:3])
     assert delivered == records.images - n1 - n2 - n3 and sorted(skipped) == list(range(n1 + n2 + n3))
     assert all("changed after it was opened" in skipped[i] for i in [*range(n1), *range(n1 + n2, n1 + n2 + n3)])
+
+
+def test_a_record_file_whose_metadata_alone_changed_is_still_read(written, tmp_path):
+    """A chmod, a hard link, a touch, or the same bytes copied again change the file's
+    status-change time (or more) but not the record: its images are still read (every
+    one was refused as changed). Its scan groups' CRCs are checked again, so new bytes
+    under an unchanged header are still caught."""
+    _, rec, _ = written
+    folder = tmp_path / "rec"
+    shutil.copytree(rec, folder)
+    records = R.RecordSet(folder)
+    rf = records.files[0]
+    path, want = Path(rf.path), [rf.image(i) for i in range(rf.images)]
+    changes = [lambda: os.chmod(path, 0o600),
+               lambda: os.link(path, tmp_path / "link.pcr"),
+               lambda: os.utime(path),
+               lambda: shutil.copy(rec / path.name, tmp_path / "copy.pcr") or os.replace(tmp_path / "copy.pcr", path)]
+    for change in changes:
+        _past_the_clock_tick(os.stat(path))
+        change()
+        assert [rf.image(i) for i in range(rf.images)] == want
+        assert rf.read_prefix(1) == [rf.image(i, 1) for i in range(rf.images)]
+    # The last scan group's bytes changed in place, header untouched: the group's CRC,
+    # checked again since the change, refuses the images that have a scan in it.
+    data = bytearray(path.read_bytes())
+    data[-1] ^= 0xFF
+    _past_the_clock_tick(os.stat(path))
+    path.write_bytes(bytes(data))
+    last = [i for i in range(rf.images) if rf.scan_counts[i] == rf.scans]
+    assert last and len(last) < rf.images
+    for i in range(rf.images):
+        if i in last:
+            with pytest.raises(R.RecordError, match=f"scan group {rf.scans} CRC mismatch"):
+                rf.image(i)
+        else:
+            assert rf.image(i) == want[i]
 
 
 def test_a_fifo_swapped_in_after_the_check_is_not_waited_on(written, tmp_path, monkeypatch):
@@ -633,6 +675,96 @@ def test_cli_write_info_and_train(tmp_path):
     assert code == 0 and line.startswith(f"fidelity {summary['fidelity']} chosen: ") and "reached 0.9 (1: " in line
     code, _, err = _cli("train", "--fidelity", "2", "--steps", "1")
     assert code == 2 and "--fidelity needs --records" in err
+
+
+def test_a_second_writer_to_the_same_folder_is_refused(tmp_path):
+    """Two writes into one OUT mixed their record files and shared temporary names; the
+    first now holds the folder until its set is in place, and the second is refused at
+    once. Meanwhile OUT shows no record file (the set appears whole)."""
+    import threading
+
+    src = _folder(tmp_path / "src")
+    out = tmp_path / "out"
+    started, go = threading.Event(), threading.Event()
+    result = {}
+
+    def progress(done, total):
+        started.set()
+        go.wait(60)
+
+    def first():
+        result["report"] = R.write_records(src, out, images_per_record=2, workers=1, progress=progress)
+    t = threading.Thread(target=first)
+    t.start()
+    try:
+        assert started.wait(60)
+        with pytest.raises(FileExistsError, match=f"{out}: another records write is filling it"):
+            R.write_records(src, out, images_per_record=2)
+        assert R.record_paths(out) == []
+    finally:
+        go.set()
+        t.join(60)
+    report = result["report"]
+    assert report.images == len(VARIANTS) and [Path(p) for p in report.records] == R.record_paths(out)
+    assert sorted(p.name for p in out.iterdir()) == [Path(p).name for p in report.records]   # nothing hidden left
+    assert len(R.RecordSet(out)) == len(VARIANTS)
+
+
+def test_an_interrupted_or_failed_write_leaves_no_record_file(tmp_path):
+    """A write stopped part way (Ctrl-C) or failing on a file (a full disk; here the
+    file-size limit) left the files written so far, which looked like a whole set and
+    made the rerun refuse; the failure named no file. Now nothing of the set is left
+    (in the train/val layout, nor of train/ when val/ fails), the error names the
+    record file, and the rerun writes the set."""
+    import subprocess
+    import sys
+
+    src = tmp_path / "data"
+    _folder(src / "train")
+    (src / "val" / "class0").mkdir(parents=True)
+    (src / "val" / "class0" / "big.jpg").write_bytes(make_jpeg(480, 400, quality=95, subsampling=0))
+    out = tmp_path / "out"
+
+    def stop(done, total):
+        if done == 5:
+            raise KeyboardInterrupt
+    with pytest.raises(KeyboardInterrupt):
+        R.write_records(src / "train", out, images_per_record=1, workers=1, progress=stop)
+    assert list(out.iterdir()) == []
+    # A file-size limit between train's largest record and val's: the write of val's
+    # record fails (EFBIG, SIGXFSZ ignored) after train's set was written.
+    small = max(os.path.getsize(p) for p in R.write_records(src / "train", tmp_path / "p1", images_per_record=1).records)
+    (big,) = [os.path.getsize(p) for p in R.write_records(src / "val", tmp_path / "p2").records]
+    assert big > 2 * small
+    code = ("import resource, signal, sys\n"
+            "signal.signal(signal.SIGXFSZ, signal.SIG_IGN)\n"
+            f"resource.setrlimit(resource.RLIMIT_FSIZE, ({(small + big) // 2}, resource.RLIM_INFINITY))\n"
+            "from dlbooster.cli import main\n"
+            f"sys.exit(main(['records', 'write', {str(src)!r}, {str(tmp_path / 'both')!r}, "
+            "'--images-per-record', '1']))\n")
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert run.returncode == 2, run.stderr
+    assert (f"File too large: writing record file: '{tmp_path / 'both' / 'val' / 'records-00000.pcr'}' "
+            f"(the record files written to {tmp_path / 'both' / 'train'} are removed)") in run.stderr, run.stderr
+    assert sorted(p.name for p in (tmp_path / "both").rglob("*")) == ["train", "val"]
+    code, out_text, err = _cli("records", "write", str(src), str(tmp_path / "both"), "--images-per-record", "1")
+    assert code == 0, err
+    assert [len(R.RecordSet(tmp_path / "both" / s)) for s in ("train", "val")] == [len(VARIANTS), 1]
+
+
+def test_a_val_folder_without_images_is_named_before_train_is_written(tmp_path):
+    """In the train/val layout a val/ whose classes have no image file failed after
+    train/'s set was written, with torchvision's message naming neither; it is now
+    checked first and named, and nothing is written."""
+    src = tmp_path / "data"
+    _folder(src / "train")
+    (src / "val" / "class0").mkdir(parents=True)
+    (src / "val" / "class0" / "notes.txt").write_text("no images")
+    code, _, err = _cli("records", "write", str(src), str(tmp_path / "rec"))
+    assert code == 2 and f"{src / 'val'}: Found no valid file for the classes class0" in err, err
+    assert not (tmp_path / "rec" / "train").exists() or R.record_paths(tmp_path / "rec" / "train") == []
+    with pytest.raises(FileNotFoundError, match=f"^{re.escape(str(src / 'val'))}: Found no valid file"):
+        R.write_records(src / "val", tmp_path / "v")
 
 
 def test_bench_records_on_a_flat_folder(tmp_path):
