@@ -23,7 +23,7 @@ def _iteration_time(model, x, y, optimizer, iterations: int, device, dtype) -> f
     import torch
     import torch.nn.functional as F
 
-    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
+    sync = (lambda: torch.cuda.synchronize(device)) if device.type == "cuda" else (lambda: None)
     sync()
     start = time.perf_counter()
     for _ in range(iterations):

@@ -300,14 +300,15 @@ class Loader:
 
         submitted = [0]                       # chunks handed to the service so far, in order
 
-        def submit(wait: bool) -> None:
+        def submit(wait: bool, wait_copy: bool) -> None:
             """Submit the next chunks while the pool has a free buffer (its depth is the
-            back-pressure); ``wait``: block for the first buffer, else take only a buffer
-            whose copy to the accelerator has finished. This runs on the iterating
-            thread, as DataLoader's main process queues its indices: a producer thread
-            cost a start per epoch and a thread hand-off per batch (issue 7)."""
+            back-pressure); ``wait``: block for the first buffer; ``wait_copy``: a free
+            buffer whose copy to the accelerator still runs is waited for, else left
+            for a later call. This runs on the iterating thread, as DataLoader's main
+            process queues its indices: a producer thread cost a start per epoch and a
+            thread hand-off per batch (issue 7)."""
             while submitted[0] < len(chunks) and not stop.is_set():
-                buf = self.pool.acquire(stop=stop) if wait else self.pool.acquire(timeout=0, wait_copy=False)
+                buf = self.pool.acquire(stop=stop) if wait else self.pool.acquire(timeout=0, wait_copy=wait_copy)
                 if buf is None:
                     if wait and not stop.is_set():    # the pool closed under us
                         raise RuntimeError("the loader was closed during the epoch")
@@ -361,7 +362,9 @@ class Loader:
         images = 0
         try:
             for number in range(len(chunks)):
-                submit(wait=submitted[0] <= number)
+                # About to wait for batch `number`: a buffer whose copy (issued a step
+                # ago) still runs is worth its wait, so that every buffer decodes ahead.
+                submit(wait=submitted[0] <= number, wait_copy=True)
                 with cond:
                     while number not in ready and not failure and not self._closed:
                         cond.wait(0.5)
@@ -376,7 +379,9 @@ class Loader:
                     if self._closed:              # closed since: the buffer's memory is freed
                         raise RuntimeError("the loader was closed during the epoch")
                     batch = self._finish(pending, report)
-                submit(wait=False)                # its buffer decodes during the consumer's step
+                # Its buffer decodes during the consumer's step; on a GPU its copy has
+                # only just been issued, and the yield must not wait for it.
+                submit(wait=False, wait_copy=False)
                 images += len(batch[1])
                 if bar is not None:
                     bar.update(1)
@@ -457,14 +462,15 @@ class Loader:
         device = self.device
         start = time.perf_counter()
         if self._copy_stream is not None and buf.host is not None:
+            consumer = torch.cuda.current_stream(device)   # taken outside the copy stream's context
             with torch.cuda.stream(self._copy_stream):
                 staged = buf.host[: buf.count].to(device, non_blocking=True)
                 # Allocated on the copy stream, used on the consumer's: keep its memory
                 # from the next copy until the consumer's work on it is done.
-                staged.record_stream(torch.cuda.current_stream(device))
+                staged.record_stream(consumer)
                 event = torch.cuda.Event()
                 event.record(self._copy_stream)
-            torch.cuda.current_stream(device).wait_event(event)
+            consumer.wait_event(event)
             buf.copied = event
         elif device.type == "cpu":
             staged = None                     # the views are of the batch buffer itself

@@ -20,11 +20,14 @@ asynchronous); for a device backend the buffer memory comes from the device's tr
 
 from __future__ import annotations
 
+import logging
 import queue
 import threading
 from dataclasses import dataclass, field
 
 import numpy as np
+
+log = logging.getLogger(__name__)
 
 __all__ = ["BatchBuffer", "BatchPool", "SpillBuffer"]
 
@@ -51,6 +54,8 @@ class BatchBuffer:
         spills: the spill area's chunks, ``[transport buffer, bytes used]`` each.
         spill_limit: the most bytes of chunks the spill area keeps (16 MiB): beyond it,
             :meth:`spill` declines and the image takes the allocating path.
+        registered: transport memory that ``cudaHostRegister`` pinned (unregistered on
+            :meth:`BatchPool.close`).
         slot_bytes: bytes per slot (``data.shape[1]``).
     """
 
@@ -66,6 +71,7 @@ class BatchBuffer:
     copied: object = None
     spills: list = field(default_factory=list)
     spill_limit: int = 16 << 20
+    registered: bool = False
 
     def __post_init__(self):
         n, self.slot_bytes = self.data.shape     # plain attributes: read for every image
@@ -127,6 +133,20 @@ class SpillBuffer:
             self.chunk[1] = self.offset
 
 
+def _cuda_call(name: str, *args) -> bool:
+    """Call the CUDA runtime's ``name``; False, with a warning naming CUDA's error, if
+    it fails (a host buffer that cannot be pinned or unpinned is still usable)."""
+    import torch
+
+    rc = getattr(torch.cuda.cudart(), name)(*args)
+    try:
+        torch.cuda.check_error(rc)
+    except torch.cuda.CudaError as exc:
+        log.warning("%s failed: %s", name, exc)
+        return False
+    return True
+
+
 class BatchPool:
     """``depth`` batch buffers behind a free queue.
 
@@ -164,9 +184,11 @@ class BatchPool:
                 handle = allocate(nbytes)
                 data = handle.array[:nbytes].reshape(batch_size, slot_bytes)
                 host = torch.from_numpy(data) if torch is not None else None
-                if host is not None and pin:
-                    torch.cuda.cudart().cudaHostRegister(host.data_ptr(), nbytes, 0)
                 buf = BatchBuffer(data, host, handle.device_address, handle)
+                if host is not None and pin:
+                    buf.registered = _cuda_call("cudaHostRegister", host.data_ptr(), nbytes, 0)
+                    # Unpinned, its copies are synchronous: slower, still correct.
+                    self.pinned = self.pinned and buf.registered
             elif torch is not None:
                 host = torch.empty((batch_size, slot_bytes), dtype=torch.uint8, pin_memory=self.pinned)
                 buf = BatchBuffer(host.numpy(), host)
@@ -218,10 +240,9 @@ class BatchPool:
             if buf.copied is not None:
                 buf.copied.synchronize()
             if buf.handle is not None:
-                if self.pinned:
-                    import torch
-
-                    torch.cuda.cudart().cudaHostUnregister(buf.host.data_ptr())
+                if buf.registered:
+                    _cuda_call("cudaHostUnregister", buf.host.data_ptr())
+                    buf.registered = False
                 buf.handle.free()
                 buf.handle = None
             for handle, _ in buf.spills:

@@ -442,6 +442,27 @@ def test_a_cuda_device_without_cuda_is_named_at_construction():
         make_loader([("x.jpg", 0)], 1, device="cuda")
 
 
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_cuda_batches_equal_the_cpu_batches(tiny_source):
+    """Pinned buffers, the side copy stream and its events: every batch on the GPU
+    equals the CPU loader's, while the consumer's stream is kept busy so that copies
+    and the buffers' reuse overlap its work."""
+    with make_loader(tiny_source, 2, backend="cpu", prefetch=2) as cpu:
+        want = [(b.images.clone(), b.labels.clone(), b.indices.tolist()) for b in cpu]
+    with make_loader(tiny_source, 2, backend="cpu", prefetch=2, device="cuda") as gpu:
+        assert gpu.pool.pinned
+        busy = torch.randn(2048, 2048, device="cuda")
+        for _ in range(2):
+            got = []
+            for batch in gpu:
+                for _ in range(4):                            # the consumer's step
+                    busy = busy @ busy / busy.norm()
+                got.append((batch.images.cpu(), batch.labels.cpu(), batch.indices.tolist()))
+            assert len(got) == len(want)
+            for (gi, gl, gx), (wi, wl, wx) in zip(got, want):
+                assert gx == wx and torch.equal(gl, wl) and torch.equal(gi, wi)
+
+
 # ---------------------------------------------------------------------------------
 # 3. Sharding: DistributedSampler + DataLoader, index for index
 
@@ -823,21 +844,49 @@ def test_the_next_batch_is_submitted_before_a_batch_is_yielded(tiny_source):
         assert loader.pool.free == 1
 
 
+class Copy:
+    """Stands in for the torch.cuda.Event of a batch's copy to a GPU (the pool's only use
+    of it: query and synchronize), so that the pool's and the loader's handling of a
+    copy still running is checked on machines without one."""
+
+    def __init__(self, done):
+        self.done, self.waited = done, 0
+
+    def query(self):
+        return self.done
+
+    def synchronize(self):
+        self.waited += 1
+        self.done = True
+
+
+def test_buffers_whose_copies_run_decode_ahead_once_the_next_batch_is_awaited(tiny_source):
+    """On a GPU the buffer of the batch just yielded has its copy still running: the
+    yield does not wait for it, but the next call, about to wait for its batch anyway,
+    waits for that copy and submits the buffer, so every buffer of the pool decodes
+    ahead (before, a buffer left at the yield sat idle until its batch was needed)."""
+    with make_loader(tiny_source, 2, backend="cpu", prefetch=1) as loader:
+        assert loader.pool.depth == 2
+        copies = []
+        release = loader.pool.release
+
+        def release_with_a_running_copy(buf):
+            buf.copied = Copy(False)
+            copies.append(buf.copied)
+            release(buf)
+        loader.pool.release = release_with_a_running_copy
+        it = iter(loader)
+        assert next(it).indices.tolist() == [0, 1]
+        loader.service.drain()
+        assert sum(loader.service.stats.outcomes.values()) == 4 and copies[0].waited == 0
+        assert next(it).indices.tolist() == [2, 3]
+        loader.service.drain()
+        assert sum(loader.service.stats.outcomes.values()) == 6 and copies[0].waited == 1
+        assert [b.indices.tolist() for b in it] == [list(range(i, min(i + 2, N_SHARD))) for i in range(4, N_SHARD, 2)]
+
+
 def test_taking_a_buffer_without_waiting_leaves_one_whose_copy_runs():
     from dlbooster.pool import BatchPool
-
-    class Copy:
-        """Stands in for the torch.cuda.Event of a batch's copy (no GPU on this machine)."""
-
-        def __init__(self, done):
-            self.done, self.waited = done, 0
-
-        def query(self):
-            return self.done
-
-        def synchronize(self):
-            self.waited += 1
-            self.done = True
 
     pool = BatchPool(2, 30, 1, pin=False)
     buf = pool.acquire()
@@ -1369,6 +1418,49 @@ def test_images_larger_than_a_slot_go_to_the_spill_area_without_allocating(tmp_p
     finally:
         service.close()
         pool.close()
+
+
+def test_a_transport_buffer_cuda_cannot_pin_is_used_unpinned(monkeypatch, caplog):
+    """``cudaHostRegister`` fails for the second of two transport buffers (CUDA's
+    out-of-memory code, 2): the pool warns with CUDA's message, stays usable and reports
+    itself unpinned, and on close unregisters only the buffer that was registered. The
+    CUDA runtime here is a stand-in that returns those codes: this machine has no GPU."""
+    from dlbooster.pool import BatchPool
+
+    calls = []
+
+    class Runtime:
+        def cudaHostRegister(self, ptr, size, flags):
+            calls.append(("register", ptr, size))
+            return 0 if len(calls) == 1 else 2
+
+        def cudaHostUnregister(self, ptr):
+            calls.append(("unregister", ptr))
+            return 0
+
+    class Handle:
+        def __init__(self, size):
+            self.device_address, self.array, self.freed = 1 << 32, np.zeros(size, np.uint8), False
+
+        def free(self):
+            self.freed = True
+
+    monkeypatch.setattr(torch.cuda, "cudart", Runtime)
+    with caplog.at_level("WARNING", logger="dlbooster.pool"):
+        pool = BatchPool(2, 30, 2, allocate=Handle, pin=True)
+    assert [b.registered for b in pool.buffers] == [True, False]
+    assert pool.pinned is False
+    assert [r.getMessage() for r in caplog.records] == ["cudaHostRegister failed: out of memory (2)"]
+    ptrs = [b.host.data_ptr() for b in pool.buffers]
+    handles = [b.handle for b in pool.buffers]
+    assert calls == [("register", ptrs[0], 60), ("register", ptrs[1], 60)]
+    buf = pool.acquire()
+    buf.data[:] = 7
+    assert int(buf.host.sum()) == 7 * 60
+    pool.release(buf)
+    pool.close()
+    assert calls[2:] == [("unregister", ptrs[0])]
+    assert [h.freed for h in handles] == [True, True]
 
 
 def test_spill_rooms_come_back_in_reverse_order_and_on_clear():
