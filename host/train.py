@@ -126,8 +126,11 @@ class TrainConfig:
         Raises:
             ValueError: an unknown model or backward, neither epochs nor steps, epochs,
                 steps, batch size or image size below 1, ``warmup_epochs`` below 0,
-                ``label_smoothing`` outside [0, 1], ``fidelity`` without records, or a
-                CUDA device where PyTorch finds none.
+                ``label_smoothing`` outside [0, 1], ``fidelity`` without records, a
+                CUDA device where PyTorch finds none, a device index beyond the GPUs
+                this process sees, or under torchrun an index other than ``LOCAL_RANK``
+                while this process sees that rank's GPU (every rank would share one
+                GPU), or ``cuda`` while it does not.
         """
         import torch
         import torchvision
@@ -151,6 +154,24 @@ class TrainConfig:
         device = torch.device(self.device or ("cuda" if torch.cuda.is_available() else "cpu"))
         if device.type == "cuda" and not torch.cuda.is_available():
             raise ValueError(f"device {device}: PyTorch finds no CUDA device here")
+        if device.type == "cuda":
+            from .sampler import dist_env
+
+            count, local_rank = torch.cuda.device_count(), int(os.environ.get("LOCAL_RANK", "0"))
+            torchrun = dist_env()[1] > 1
+            if device.index is not None and device.index >= count:
+                raise ValueError(f"device {device}: PyTorch finds {count} CUDA device(s) here")
+            if torchrun and device.index is None and local_rank >= count:
+                raise ValueError(f"device cuda under torchrun: this rank's GPU, LOCAL_RANK {local_rank}, is not "
+                                 f"among the {count} CUDA device(s) PyTorch finds here (where each rank sees "
+                                 f"only its own GPU, give --device cuda:0)")
+            # Under torchrun each rank takes GPU LOCAL_RANK (--device cuda); a fixed index
+            # would put every rank of the node on one GPU, which NCCL refuses or stalls
+            # on. A rank that sees fewer GPUs (CUDA_VISIBLE_DEVICES per rank) may name one.
+            if torchrun and device.index is not None and device.index != local_rank and local_rank < count:
+                raise ValueError(f"device {device} under torchrun: every rank of this node would use GPU "
+                                 f"{device.index}; give --device cuda so that each rank uses GPU LOCAL_RANK "
+                                 f"(this one {local_rank})")
         return device
 
 
@@ -441,7 +462,7 @@ def _run(config, device, dist, train_source, val_source, classes, on_epoch, on_s
     step, epoch, skip, resumed, state = 0, 0, 0, None, None
     first_loss = None
     if config.checkpoint and config.resume and os.path.exists(config.checkpoint):
-        state = _load_checkpoint(config, device)
+        state = _load_checkpoint(config)
         model.load_state_dict(state["model"])
         optimizer.load_state_dict(state["optimizer"])
         schedule.load_state_dict(state["schedule"])
@@ -617,7 +638,7 @@ RESUME_OPTIONS = ("model", "batch_size", "image_size", "seed", "lr", "momentum",
                   "label_smoothing", "warmup_epochs", "fidelity", "fidelity_threshold")
 
 
-def _load_checkpoint(config, device) -> dict:
+def _load_checkpoint(config) -> dict:
     """The checkpoint ``--resume`` continues from.
 
     The file is read with ``torch.load(weights_only=True)``: tensors and plain values
@@ -632,8 +653,10 @@ def _load_checkpoint(config, device) -> dict:
 
     try:
         # weights_only: tensors and plain values only, so a planted file cannot run code
-        # when it loads (its pickle may name no other global).
-        state = torch.load(config.checkpoint, map_location=device, weights_only=True)
+        # when it loads (its pickle may name no other global). Onto the CPU: the random
+        # states must be CPU byte tensors, and load_state_dict moves the weights and the
+        # optimiser's state to the model's device.
+        state = torch.load(config.checkpoint, map_location="cpu", weights_only=True)
     except Exception as exc:  # torch.load raises many types for a damaged or unsafe file
         import pickle
 

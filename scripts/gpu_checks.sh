@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The GPU checks of the trainer (issue 8) and the predictor (issue 10), as one short
 # script for a CUDA machine:
-#   1. the CUDA test of the split backward (side streams, events; gradients against autograd);
+#   1. the CUDA tests of the split backward (side streams, events; gradients against
+#      autograd), the loader (pinned buffers, copy stream) and the trainer (resume);
 #   2. ResNet-50 iteration time, autograd vs split backward, batch 64 and 256, fp32 and
 #      bf16 (autocast), one GPU;
 #   3. the predictor's GPU calibration and validation (below).
@@ -14,7 +15,7 @@ cd "$(dirname "$0")/.."
 out="${OUT:-.}"
 python -c "import torch, torchvision; assert torch.cuda.is_available(), 'no CUDA device'; print(torch.__version__, torch.cuda.get_device_name())"
 python -m pip install --quiet --no-deps --no-build-isolation -e . >/dev/null
-python -m pytest -q -p no:cacheprovider tests/test_schedule.py -k cuda
+python -m pytest -q -p no:cacheprovider tests/test_schedule.py tests/test_loader.py tests/test_train.py -k cuda
 dlbooster bench backward --device cuda --model resnet50 --batch-size 64,256 --dtype fp32,bf16 \
     --iterations 10 --rounds 3 --warmup 3 --json "$out/backward-gpu.json"
 # 3. The iteration-time predictor on this GPU (issue 10): its CUDA test, a calibrated GPU

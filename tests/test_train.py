@@ -144,6 +144,46 @@ def test_a_cuda_device_that_pytorch_cannot_find_is_refused(photos):
         train(replace(BASE, data=photos, device="cuda", steps=1))
 
 
+def test_a_fixed_gpu_index_under_torchrun_is_refused(monkeypatch):
+    """Under torchrun ``--device cuda:N`` would put every rank of a node on GPU N; the
+    check names the rule (its CUDA queries stand in for a two-GPU machine: the check
+    touches no device). A rank that sees only its own GPU may name it."""
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.setenv("RANK", "1")
+    monkeypatch.setenv("LOCAL_RANK", "1")
+    with pytest.raises(ValueError, match=r"device cuda:0 under torchrun: every rank of this node would use GPU 0; "
+                                         r"give --device cuda .*\(this one 1\)"):
+        replace(BASE, device="cuda:0", steps=1).check()
+    assert replace(BASE, device="cuda:1", steps=1).check() == torch.device("cuda", 1)
+    assert replace(BASE, device="cuda", steps=1).check() == torch.device("cuda")
+    with pytest.raises(ValueError, match=r"device cuda:2: PyTorch finds 2 CUDA device\(s\) here"):
+        replace(BASE, device="cuda:2", steps=1).check()
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)      # CUDA_VISIBLE_DEVICES per rank
+    assert replace(BASE, device="cuda:0", steps=1).check() == torch.device("cuda", 0)
+    with pytest.raises(ValueError, match=r"device cuda under torchrun: this rank's GPU, LOCAL_RANK 1, is not among "
+                                         r"the 1 CUDA device\(s\) .*give --device cuda:0\)"):
+        replace(BASE, device="cuda", steps=1).check()
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_cuda_resume_after_a_crash(photos, tmp_path):
+    """On a GPU the checkpoint loads onto the CPU first: the random states it restores
+    must be CPU byte tensors (loaded onto the GPU, set_rng_state raised)."""
+    resumed = str(tmp_path / "resumed.pt")
+    config = replace(BASE, data=photos, steps=8, device="cuda")
+
+    def crash(step, loss):
+        if step == 4:
+            raise KeyboardInterrupt
+    with pytest.raises(KeyboardInterrupt):
+        train(replace(config, checkpoint=resumed, checkpoint_every=2), on_step=crash)
+    summary = train(replace(config, checkpoint=resumed, checkpoint_every=2, resume=True))
+    assert summary["resumed_from"] == 4 and summary["steps"] == 4 and summary["device"].startswith("cuda")
+    assert all(torch.isfinite(t).all() for t in _state(resumed)["model"].values() if t.is_floating_point())
+
+
 def test_a_batch_passed_over_still_advances_an_epoch_bound_schedule(tmp_path):
     """Three batches, the first left with one sample at 32 pixels (passed over): two steps
     are taken, and the cosine schedule over the epoch's three batches still ends at 0."""
