@@ -61,7 +61,8 @@ def choose_fidelity(model, records, *, batch_size: int = 32, batches: int = 2, i
             buffers and gradients, and the global random state, are left as they were).
         records: a :class:`~dlbooster.records.RecordSet` or a folder of records.
         batch_size, batches: the fixed batches measured (the first ``batches`` of a
-            shuffle by ``seed``).
+            shuffle by ``seed``; a final partial batch counts only when it is the only
+            one, so a set of 33 images and ``batch_size=32`` measures one batch).
         image_size: the evaluation transform's centre crop (resize to ``image_size * 8 // 7``).
         threshold: cosine similarity to reach, in (-1, 1].
         device: where the model runs.
@@ -99,6 +100,10 @@ def choose_fidelity(model, records, *, batch_size: int = 32, batches: int = 2, i
                     cpu_workers=cpu_workers) as loader:
             out = []
             for images, labels in loader:
+                # A final partial batch is left out once a full one is taken: a batch of
+                # one fails in batch norm over features (one value per channel).
+                if out and len(labels) < batch_size:
+                    break
                 out.append((images, labels))
                 if len(out) == batches:
                     break
@@ -118,7 +123,9 @@ def choose_fidelity(model, records, *, batch_size: int = 32, batches: int = 2, i
     choice = FidelityChoice(records.scans, threshold, batches=len(full), batch_size=batch_size)
     for k in range(1, records.scans):
         grads = gradients(k)
-        score = float(torch.stack([torch.nn.functional.cosine_similarity(a, b, dim=0)
+        # In float64: a float32 dot product over millions of weights loses the digits
+        # that tell a threshold of 0.999 from 0.9999.
+        score = float(torch.stack([torch.nn.functional.cosine_similarity(a.double(), b.double(), dim=0)
                                    for a, b in zip(grads, full)]).mean())
         choice.scores[k] = score
         if score >= threshold:

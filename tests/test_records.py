@@ -578,6 +578,24 @@ def test_choose_fidelity(written):
         choose_fidelity(model, rec, threshold=1.5)
 
 
+def test_choose_fidelity_leaves_out_a_final_batch_of_one(written):
+    """Nine images in batches of eight: the second batch would hold one image, which
+    batch norm over features refuses in train mode; it is left out. A partial batch
+    that is the only one is measured."""
+    import torch
+
+    from dlbooster.fidelity import choose_fidelity
+
+    _, rec, _ = written
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Conv2d(3, 4, 3, stride=4), torch.nn.Flatten(),
+                                torch.nn.BatchNorm1d(4 * 8 * 8), torch.nn.Linear(4 * 8 * 8, 2))
+    choice = choose_fidelity(model, rec, batch_size=8, batches=2, image_size=32, threshold=1.0)
+    assert (choice.batches, choice.batch_size) == (1, 8)
+    assert list(choice.scores) == list(range(1, min(choice.fidelity, 17) + 1))
+    assert choose_fidelity(model, rec, batch_size=16, batches=2, image_size=32, threshold=-0.999).batches == 1
+
+
 def _cli(*args) -> tuple[int, str, str]:
     import contextlib
 
