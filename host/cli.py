@@ -67,6 +67,22 @@ def _torch_device(text: str) -> str:
     raise argparse.ArgumentTypeError(f"give cpu, cuda or cuda:N, not {text!r}")
 
 
+def _fidelity(text: str) -> int | str:
+    """argparse type: ``auto`` or a number of scans (at least 1)."""
+    return text if text == "auto" else _integer_in(1)(text)
+
+
+def _similarity(text: str) -> float:
+    """argparse type: a cosine similarity threshold in (-1, 1]."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+    if not -1.0 < value <= 1.0:
+        raise argparse.ArgumentTypeError(f"must be in (-1, 1], not {text}")
+    return value
+
+
 def _walk(paths: list[str]) -> list[tuple[str, str]]:
     """Expand PATH arguments to (input path, output name) pairs, folders recursively.
 
@@ -647,7 +663,7 @@ def _cmd_records(args: argparse.Namespace) -> int:
 
 def _cmd_train(args: argparse.Namespace) -> int:
     from .boards import BoardError
-    from .train import NoTrainingData, TrainConfig, format_epoch, summary_json, train
+    from .train import NoTrainingData, TrainConfig, format_epoch, record_sets, summary_json, train
 
     if args.fidelity is not None and args.records is None:
         print("dlbooster train: --fidelity needs --records", file=sys.stderr)
@@ -667,7 +683,7 @@ def _cmd_train(args: argparse.Namespace) -> int:
     args.image_size = args.image_size or 224
     # Record images are progressive JPEGs, which only the CPU path decodes.
     backend = args.backend or ("cpu" if args.records else "sim" if args.data is None else "auto")
-    fidelity = args.fidelity if args.fidelity in (None, "auto") else int(args.fidelity)
+    fidelity = args.fidelity
     config = TrainConfig(data=args.data, backend=backend, lanes=args.lanes, max_width=args.max_width,
                          devices=args.devices, board=args.board, binary=args.binary, model=args.model, epochs=args.epochs, steps=args.steps,
                          batch_size=args.batch_size, lr=args.lr, momentum=args.momentum,
@@ -679,7 +695,11 @@ def _cmd_train(args: argparse.Namespace) -> int:
                          fidelity=fidelity, fidelity_threshold=args.fidelity_threshold)
     try:
         config.check()                    # before the banner: a refused run announces nothing
-    except ValueError as exc:
+        if isinstance(fidelity, int):
+            scans = record_sets(args.records)[0].scans
+            if fidelity > scans:
+                raise ValueError(f"fidelity {fidelity}: the records in {args.records} have 1..{scans} scans")
+    except (ValueError, FileNotFoundError) as exc:    # RecordError is a ValueError
         print(f"dlbooster train: {exc}", file=sys.stderr)
         return 2
     quiet = args.json or int(os.environ.get("RANK", "0")) != 0
@@ -898,9 +918,9 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--resume", action="store_true", help="continue from --checkpoint when it exists")
     p.add_argument("--records", metavar="DIR", help="train on Progressive Compressed Records (dlbooster "
                                                     "records write) instead of DATA")
-    p.add_argument("--fidelity", metavar="K|auto", type=lambda v: v if v == "auto" else str(int(v)),
+    p.add_argument("--fidelity", metavar="K|auto", type=_fidelity,
                    help="with --records: scans per training image, or auto (gradient similarity)")
-    p.add_argument("--fidelity-threshold", type=float, default=0.9,
+    p.add_argument("--fidelity-threshold", type=_similarity, default=0.9,
                    help="gradient cosine similarity --fidelity auto must reach")
     p.add_argument("--json", action="store_true", help="print the run's summary as JSON")
     p.set_defaults(func=_cmd_train)

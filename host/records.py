@@ -47,6 +47,7 @@ import io
 import json
 import numbers
 import os
+import re
 import shutil
 import stat
 import struct
@@ -730,7 +731,9 @@ class RecordSet:
     def __init__(self, root: str | os.PathLike):
         self.root = os.fspath(root)
         if not os.path.isdir(self.root):
-            raise FileNotFoundError(f"{self.root}: no such folder")
+            what = ("not a folder (a record set is the folder that holds the record files)"
+                    if os.path.exists(self.root) else "no such folder")
+            raise FileNotFoundError(f"{self.root}: {what}")
         paths = record_paths(self.root)
         if not paths:
             raise FileNotFoundError(f"{self.root}: no record files (*{SUFFIX})")
@@ -770,10 +773,16 @@ def is_record_dir(path: str | os.PathLike) -> bool:
 
 
 def record_paths(folder: str | os.PathLike) -> list[Path]:
-    """The record files of ``folder`` (``*.pcr``), in name order. Hidden names (a leading
-    dot) are left out, as the shell's and :mod:`glob`'s ``*`` leaves them out: macOS
-    copies put an AppleDouble ``._NAME`` beside each file, which is no record."""
-    return sorted(p for p in Path(folder).glob("*" + SUFFIX) if not p.name.startswith("."))
+    """The record files of ``folder`` (``*.pcr``), in name order with numbers compared
+    as numbers (``records-99999.pcr`` before ``records-100000.pcr``, which a writer of
+    more than 100,000 files names). Hidden names (a leading dot) are left out, as the
+    shell's and :mod:`glob`'s ``*`` leaves them out: macOS copies put an AppleDouble
+    ``._NAME`` beside each file, which is no record."""
+    def key(path: Path) -> list:
+        # Digit runs as (0, number, text) and text as (1, text): comparable in any mix.
+        return [(0, int(part), part) if part.isdigit() else (1, part)
+                for part in re.split(r"(\d+)", path.name) if part]
+    return sorted((p for p in Path(folder).glob("*" + SUFFIX) if not p.name.startswith(".")), key=key)
 
 
 # -------------------------------------------------------------------------------- info

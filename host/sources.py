@@ -47,7 +47,10 @@ def image_folder(root: str | os.PathLike[str]) -> tuple[list[Sample], list[str],
     Raises:
         FileNotFoundError: ``root`` has no sub-folder, or a class folder has no image
             file (torchvision's messages).
-        OSError: ``root`` cannot be listed (e.g. NotADirectoryError, FileNotFoundError).
+        OSError: ``root`` or a folder under it cannot be listed (e.g.
+            NotADirectoryError, FileNotFoundError, PermissionError; the error names the
+            folder). torchvision passes over such a folder, and a class whose folder is
+            unreadable is then reported as holding no image.
     """
     directory = os.path.expanduser(os.fspath(root))
     with os.scandir(directory) as entries:
@@ -62,7 +65,8 @@ def image_folder(root: str | os.PathLike[str]) -> tuple[list[Sample], list[str],
         found = len(samples)
         # Sorting the (dirpath, dirnames, filenames) tuples orders folders by path,
         # which is torchvision's order, not os.walk's top-down order.
-        for dirpath, _, filenames in sorted(os.walk(os.path.join(directory, name), followlinks=True)):
+        for dirpath, _, filenames in sorted(os.walk(os.path.join(directory, name), onerror=_unlisted,
+                                                    followlinks=True)):
             for filename in sorted(filenames):
                 if filename.lower().endswith(IMG_EXTENSIONS):
                     samples.append(Sample(os.path.join(dirpath, filename), class_to_idx[name]))
@@ -73,6 +77,12 @@ def image_folder(root: str | os.PathLike[str]) -> tuple[list[Sample], list[str],
             f"Found no valid file for the classes {', '.join(empty)}. "
             f"Supported extensions are: {', '.join(IMG_EXTENSIONS)}")
     return samples, classes, class_to_idx
+
+
+def _unlisted(exc: OSError) -> None:
+    """``os.walk``'s ``onerror``: a folder that cannot be listed fails the data set
+    instead of silently losing its images."""
+    raise exc
 
 
 def _pair(i: int, item: object) -> Sample:

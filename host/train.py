@@ -126,7 +126,9 @@ class TrainConfig:
         Raises:
             ValueError: an unknown model or backward, neither epochs nor steps, epochs,
                 steps, batch size or image size below 1, ``warmup_epochs`` below 0,
-                ``label_smoothing`` outside [0, 1], ``fidelity`` without records, a
+                ``label_smoothing`` outside [0, 1], ``fidelity`` without records, below
+                1 or not an integer or ``"auto"``, ``fidelity_threshold`` outside (-1, 1]
+                with ``"auto"``, a
                 CUDA device where PyTorch finds none, a device index beyond the GPUs
                 this process sees, or under torchrun an index other than ``LOCAL_RANK``
                 while this process sees that rank's GPU (every rank would share one
@@ -149,6 +151,11 @@ class TrainConfig:
             raise ValueError(f"label_smoothing must be between 0 and 1, not {self.label_smoothing}")
         if self.fidelity is not None and self.records is None:
             raise ValueError("fidelity applies to records (--records) only")
+        if self.fidelity not in (None, "auto") and (isinstance(self.fidelity, bool) or not isinstance(
+                self.fidelity, int) or self.fidelity < 1):
+            raise ValueError(f"fidelity must be 'auto' or a number of scans from 1, not {self.fidelity!r}")
+        if self.fidelity == "auto" and not -1.0 < self.fidelity_threshold <= 1.0:
+            raise ValueError(f"fidelity threshold must be in (-1, 1], not {self.fidelity_threshold}")
         if self.model not in torchvision.models.list_models(module=torchvision.models):
             raise ValueError(f"unknown torchvision classification model {self.model!r}")
         device = torch.device(self.device or ("cuda" if torch.cuda.is_available() else "cpu"))
@@ -173,6 +180,32 @@ class TrainConfig:
                                  f"{device.index}; give --device cuda so that each rank uses GPU LOCAL_RANK "
                                  f"(this one {local_rank})")
         return device
+
+
+def record_sets(root: str | os.PathLike):
+    """The record sets ``dlbooster train --records ROOT`` reads: ``(train, val)``
+    :class:`~dlbooster.records.RecordSet` objects from ``ROOT/train`` and ``ROOT/val``
+    (what ``records write`` makes of a hymenoptera-style folder; ``val`` None when
+    ``ROOT/val`` holds no records), else ``(RecordSet(ROOT), None)``.
+
+    Raises:
+        FileNotFoundError: no record files in ``ROOT`` or ``ROOT/train``.
+        dlbooster.records.RecordError: a corrupt record file, or train and val records
+            with different classes (a ``ValueError``).
+    """
+    from .records import RecordError, RecordSet, is_record_dir
+
+    root = Path(root)
+    if is_record_dir(root / "train"):
+        train_set = RecordSet(root / "train")
+        val_set = RecordSet(root / "val") if is_record_dir(root / "val") else None
+    elif is_record_dir(root):
+        train_set, val_set = RecordSet(root), None
+    else:
+        raise FileNotFoundError(f"{root}: no record files (in it or in train/)")
+    if val_set is not None and val_set.classes != train_set.classes:
+        raise RecordError(f"{root}: train/ and val/ records have different classes")
+    return train_set, val_set
 
 
 def photo_dataset(out_dir: str | os.PathLike, *, crops: int = 8, val_crops: int = 2,
@@ -350,18 +383,7 @@ def train(config: TrainConfig, *, on_epoch=None, on_step=None) -> dict:
     tmp = None
     try:
         if config.records is not None:
-            from .records import RecordSet, is_record_dir
-
-            root = Path(config.records)
-            if is_record_dir(root / "train"):
-                train_set = RecordSet(root / "train")
-                val_set = RecordSet(root / "val") if is_record_dir(root / "val") else None
-            elif is_record_dir(root):
-                train_set, val_set = RecordSet(root), None
-            else:
-                raise FileNotFoundError(f"{root}: no record files (in it or in train/)")
-            if val_set is not None and val_set.classes != train_set.classes:
-                raise ValueError(f"{root}: train/ and val/ records have different classes")
+            train_set, val_set = record_sets(config.records)
             return _run(config, device, dist, train_set, val_set, train_set.classes, on_epoch, on_step)
         if config.data is None:
             tmp = tempfile.mkdtemp(prefix="dlbooster-photos-")

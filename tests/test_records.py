@@ -693,6 +693,27 @@ def test_cli_write_info_and_train(tmp_path):
     assert code == 0 and line.startswith(f"fidelity {summary['fidelity']} chosen: ") and "reached 0.9 (1: " in line
     code, _, err = _cli("train", "--fidelity", "2", "--steps", "1")
     assert code == 2 and "--fidelity needs --records" in err
+    # Refused before the run is announced (no "training ..." banner).
+    rec = str(tmp_path / "rec")
+    for args, message in ((["--fidelity", "0"], "argument --fidelity: must be at least 1, not 0"),
+                          (["--fidelity", "x"], "argument --fidelity: not an integer: 'x'"),
+                          (["--fidelity", "99"], f"dlbooster train: fidelity 99: the records in {rec} have 1..10 scans"),
+                          (["--fidelity", "auto", "--fidelity-threshold", "2"],
+                           "argument --fidelity-threshold: must be in (-1, 1], not 2")):
+        code, out, err = _cli("train", "--records", rec, *args, "--steps", "1")
+        assert (code, out) == (2, "") and message in err and "training" not in err, (args, err)
+    code, _, err = _cli("records", "info", str(tmp_path / "rec" / "val" / "records-00000.pcr"))
+    assert code == 2 and "records-00000.pcr: not a folder (a record set is the folder that holds" in err
+
+
+def test_record_files_are_read_in_numeric_order(tmp_path):
+    """A writer of more than 100,000 record files names the next ``records-100000``,
+    which plain name order puts before ``records-10001``."""
+    for n in (100000, 99999, 10001, 2, 10):
+        (tmp_path / f"records-{n:05d}.pcr").touch()
+    (tmp_path / "._records-00002.pcr").touch()             # AppleDouble: no record
+    assert [p.name for p in R.record_paths(tmp_path)] == [
+        "records-00002.pcr", "records-00010.pcr", "records-10001.pcr", "records-99999.pcr", "records-100000.pcr"]
 
 
 def test_a_second_writer_to_the_same_folder_is_refused(tmp_path):

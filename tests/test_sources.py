@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
 
 import numpy as np
@@ -127,6 +128,26 @@ def test_no_class_folder_raises_like_torchvision(tmp_path):
     message = raised(image_folder, tmp_path)
     assert message == raised(folder.ImageFolder, tmp_path)
     assert "class folder" in message
+
+
+def test_an_unreadable_folder_is_named(tmp_path, monkeypatch):
+    """A class folder (or one under it) that cannot be listed fails with the error that
+    names it: torchvision's walk passes over it, and its images are lost or the class is
+    reported empty. The tests run as root, whom no permission stops, so listing the
+    folder is made to fail as it fails for a user without read permission."""
+    touch(tmp_path / "a" / "1.jpg")
+    touch(tmp_path / "b" / "sub" / "2.jpg")
+    touch(tmp_path / "b" / "3.jpg")
+    scandir, locked = os.scandir, os.path.join(str(tmp_path), "b", "sub")
+
+    def unreadable(path="."):
+        if os.fspath(path) == locked:
+            raise PermissionError(13, "Permission denied", locked)
+        return scandir(path)
+    monkeypatch.setattr(os, "scandir", unreadable)
+    with pytest.raises(PermissionError, match=re.escape(f"Permission denied: '{locked}'")):
+        image_folder(tmp_path)
+    assert len(folder.ImageFolder(str(tmp_path)).samples) == 2, "torchvision loses b/sub/2.jpg"
 
 
 def test_missing_root_raises(tmp_path):
