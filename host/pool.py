@@ -21,6 +21,7 @@ asynchronous); for a device backend the buffer memory comes from the device's tr
 from __future__ import annotations
 
 import logging
+import os
 import queue
 import threading
 from dataclasses import dataclass, field
@@ -143,8 +144,28 @@ def _cuda_call(name: str, *args) -> bool:
         torch.cuda.check_error(rc)
     except torch.cuda.CudaError as exc:
         log.warning("%s failed: %s", name, exc)
+        _clear_cuda_error()
         return False
     return True
+
+
+def _clear_cuda_error() -> None:
+    """Reset the CUDA runtime's last error on this thread (``cudaGetLastError``).
+
+    A failed runtime call leaves it set, and PyTorch's check after its next kernel
+    launch would report it as that launch's error. PyTorch binds no
+    ``cudaGetLastError``, so it is called in the ``libcudart`` PyTorch loaded (found in
+    ``/proc/self/maps``; nothing is done where there is none).
+    """
+    import ctypes
+
+    try:
+        with open("/proc/self/maps") as maps:
+            path = next((line.split()[-1] for line in maps if "/libcudart.so" in line), None)
+    except OSError:
+        return
+    if path is not None:
+        ctypes.CDLL(path, mode=os.RTLD_NOLOAD | os.RTLD_LAZY).cudaGetLastError()
 
 
 class BatchPool:

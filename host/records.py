@@ -43,8 +43,10 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import hashlib
 import io
 import json
+import logging
 import numbers
 import os
 import re
@@ -64,6 +66,8 @@ import numpy as np
 
 __all__ = ["FORMAT_VERSION", "MAGIC", "RecordError", "RecordFile", "RecordSet", "WriteReport",
            "is_record_dir", "rebuild", "source_classes", "split_scans", "transcode", "write_records"]
+
+log = logging.getLogger(__name__)
 
 MAGIC = b"DLBPCR\r\n"
 FORMAT_VERSION = 1
@@ -268,11 +272,14 @@ def write_records(src: str | os.PathLike, out_dir: str | os.PathLike, *, images_
     left out and listed in the report's ``skipped`` with the reason (jpegtran refuses
     files it only warns about, e.g. extraneous bytes, which Pillow may still decode).
 
-    The set appears whole or not at all: the files are written into a hidden folder
-    inside ``out_dir`` and moved into place once every one is written; a failed or
-    interrupted write leaves no record file (a killed one leaves its hidden folder,
-    removed by the next write). One write at a time may fill ``out_dir`` (an
-    ``flock`` on the folder, released when the writer ends however it ends).
+    The files are written into a hidden folder inside ``out_dir`` and renamed into
+    place once every one is written; a failed or interrupted write (an exception,
+    Ctrl-C) leaves no record file. Only the renames are not one step: a reader listing
+    the folder during them sees part of the set, and a writer killed outright during
+    them (SIGKILL, power loss) leaves part of it; one killed before them leaves its
+    hidden folder, which the next write removes. One write at a time may fill
+    ``out_dir`` (an ``flock`` on its hidden lock file, released when the writer ends
+    however it ends).
 
     Raises:
         FileNotFoundError: ``src`` is no ImageFolder (the message names ``src``).
@@ -318,21 +325,44 @@ def write_records(src: str | os.PathLike, out_dir: str | os.PathLike, *, images_
 _STAGING = ".records-writing-"
 
 
+#: The lock file a write holds in its folder (removed when the write ends).
+_LOCK = ".records-write.lock"
+
+
 @contextlib.contextmanager
 def _exclusive(out: Path):
-    """Hold an exclusive ``flock`` on the folder ``out`` (released on close, also when
-    the process dies).
+    """Hold an exclusive ``flock`` on ``out``'s lock file (released when the writer ends,
+    also when the process dies). The lock is on a file opened for writing, not on the
+    folder: NFS turns ``flock`` into a byte-range lock, which needs write access. On a
+    file system without locks the write goes on unguarded, with a warning.
 
     Raises:
         FileExistsError: another process or thread holds it.
     """
-    fd = os.open(out, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    lock = out / _LOCK
+    fd = os.open(lock, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
     try:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            locked = True
         except BlockingIOError:
             raise FileExistsError(f"{out}: another records write is filling it") from None
-        yield
+        except OSError as exc:                          # ENOLCK, EOPNOTSUPP
+            log.warning("%s: cannot lock %s (%s); a second writer would not be refused", out, _LOCK, exc)
+            locked = False
+        if locked:
+            # A writer that ended between our open and our lock removed the file we
+            # locked; a third may hold a new one: the folder is not ours.
+            try:
+                st = os.stat(lock)
+            except FileNotFoundError:
+                st = None
+            if st is None or (st.st_dev, st.st_ino) != (os.fstat(fd).st_dev, os.fstat(fd).st_ino):
+                raise FileExistsError(f"{out}: another records write is filling it")
+        try:
+            yield
+        finally:
+            lock.unlink(missing_ok=True)
     finally:
         os.close(fd)
 
@@ -468,13 +498,16 @@ class RecordFile:
 
     def __init__(self, path: str | os.PathLike):
         self.path = os.fspath(path)
-        self._lock = threading.Lock()
+        self._lock = threading.Lock()           # held through a scan group's CRC check
+        self._state = threading.Lock()          # the identity and its verdicts, briefly
         self._identity: tuple[int, ...] | None = None
-        with self._open() as f:
+        self._verdicts: list[str | None] = []
+        f, _ = self._open()
+        with f:
             self._read_header(f)
 
     def _open(self):
-        """The file, opened for reading (regular files only: a FIFO would block, and
+        """``(file, verdicts)``: the file, opened for reading (regular files only: a FIFO would block, and
         opening one would release its writer; ``O_NONBLOCK`` covers a swap after the
         check, as :func:`dlbooster.backends.read_file` does).
 
@@ -486,6 +519,9 @@ class RecordFile:
         is read again: byte for byte the one opened, the file is still this record (the
         header holds every image's lengths and every scan group's CRC), and each group's
         CRC is checked again before its bytes are used; otherwise the file is another.
+        ``verdicts`` is the list of CRC verdicts that belongs to the file as opened: a
+        check made through a file that another thread has since found replaced is kept
+        in that file's list, never in the new one's.
 
         Raises:
             RecordError: not a regular file, or not the record this object opened.
@@ -503,22 +539,24 @@ class RecordFile:
             os.close(fd)
             raise
         identity = (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
-        if self._identity is None:
-            self._identity = identity
-        elif identity != self._identity:
-            try:
-                same = os.pread(fd, len(self._head), 0) == self._head
-            except OSError:
-                same = False
-            if not same:
-                f.close()
-                raise RecordError(f"{self.path}: the record file changed after it was opened (rewritten, replaced "
-                                  f"or truncated): open the record set again")
-            with self._lock:
-                if self._identity != identity:
-                    self._identity, self._size = identity, st.st_size
-                    self._verdicts = [None] * (self.scans + 1)
-        return f
+        with self._state:
+            if self._identity is None:
+                self._identity = identity
+            if identity == self._identity:
+                return f, self._verdicts
+        try:
+            same = _digest(os.pread(fd, self._head[0], 0)) == self._head[1]
+        except OSError:
+            same = False
+        if not same:
+            f.close()
+            raise RecordError(f"{self.path}: the record file changed after it was opened (rewritten, replaced "
+                              f"or truncated): open the record set again")
+        with self._state:
+            if self._identity != identity:
+                self._identity, self._size = identity, st.st_size
+                self._verdicts = [None] * (self.scans + 1)
+            return f, self._verdicts
 
     def _read_header(self, f) -> None:
         path = self.path
@@ -540,7 +578,7 @@ class RecordFile:
         if reserved:
             raise RecordError(f"{path}: corrupt record: reserved header field is not 0")
         meta = _metadata(body[:m], n, s, path)
-        self._head = head + body            # what a later open compares (see _open)
+        self._head = (len(head) + len(body), _digest(head + body))   # what a later open compares
         self.images, self.scans = n, s
         self.labels, self.names, self.classes = meta["labels"], meta["names"], meta["classes"]
         self.source_bytes, self.scan_counts = meta["source_bytes"], meta["scan_counts"]
@@ -565,7 +603,7 @@ class RecordFile:
         # Start of each image's piece within its group.
         self.starts = np.concatenate((np.zeros((s + 1, 1), np.int64), np.cumsum(self.lengths, axis=1)[:, :-1]),
                                      axis=1)
-        self._verdicts: list[str | None] = [None] * (s + 1)    # "ok", or the group's error
+        self._verdicts = [None] * (s + 1)    # "ok", or the group's error
 
     def __len__(self) -> int:
         return self.images
@@ -606,17 +644,18 @@ class RecordFile:
         raise RecordError(f"{self.path}: truncated record: {what} needs bytes up to {end}, "
                           f"the file has {os.fstat(fd).st_size}")
 
-    def _check(self, fd: int, g: int) -> None:
-        """Check scan group ``g``'s CRC once (the first time, reading it in pieces of ``_PIECE``).
+    def _check(self, fd: int, g: int, verdicts: list) -> None:
+        """Check scan group ``g``'s CRC once (the first time, reading it in pieces of
+        ``_PIECE``), keeping the verdict in ``verdicts``, the file's list from :meth:`_open`.
 
         Raises:
             RecordError: the file ends inside the group, or its CRC does not match (the
                 verdict is kept: a damaged group is not read again).
         """
-        verdict = self._verdicts[g]
+        verdict = verdicts[g]
         if verdict is None:
             with self._lock:
-                verdict = self._verdicts[g]
+                verdict = verdicts[g]
                 if verdict is None:
                     try:
                         start, length, crc = int(self.group_offsets[g]), int(self.group_lengths[g]), 0
@@ -628,7 +667,7 @@ class RecordFile:
                             f"{self.path}: corrupt record: scan group {g} CRC mismatch"
                     except RecordError as exc:
                         verdict = str(exc)
-                    self._verdicts[g] = verdict
+                    verdicts[g] = verdict
         if verdict != "ok":
             raise RecordError(verdict)
 
@@ -644,11 +683,12 @@ class RecordFile:
         if not 0 <= index < self.images:
             raise IndexError(f"{self.path}: image {index} out of range 0..{self.images - 1}")
         k = min(self._fidelity(fidelity), self.scan_counts[index])
-        with self._open() as f:
+        f, verdicts = self._open()
+        with f:
             fd = f.fileno()
             out = []
             for g in range(k + 1):
-                self._check(fd, g)
+                self._check(fd, g, verdicts)
                 start = int(self.group_offsets[g] + self.starts[g, index])
                 out.append(self._pread(fd, start, int(self.lengths[g, index]), f"image {index}"))
         return out
@@ -662,7 +702,8 @@ class RecordFile:
         (what a reader streaming whole records does), every group's CRC checked."""
         k = self._fidelity(fidelity)
         end = self.prefix_bytes(k)
-        with self._open() as f:
+        f, _ = self._open()
+        with f:
             view = memoryview(self._pread(f.fileno(), 0, end, f"fidelity {k}"))
         for g in range(k + 1):
             group = view[int(self.group_offsets[g]):int(self.group_offsets[g] + self.group_lengths[g])]
@@ -674,6 +715,12 @@ class RecordFile:
             images.append(b"".join(view[int(starts[g]):int(starts[g] + self.lengths[g, i])]
                                    for g in range(min(k, self.scan_counts[i]) + 1)) + EOI)
         return images
+
+
+def _digest(data: bytes) -> bytes:
+    """A record header's fingerprint: kept instead of the header itself (tens of KB per
+    file, held for every file of a data set in every rank)."""
+    return hashlib.blake2b(data, digest_size=32).digest()
 
 
 def _metadata(raw: bytes, n: int, s: int, path: str) -> dict:
@@ -779,9 +826,10 @@ def record_paths(folder: str | os.PathLike) -> list[Path]:
     shell's and :mod:`glob`'s ``*`` leaves them out: macOS copies put an AppleDouble
     ``._NAME`` beside each file, which is no record."""
     def key(path: Path) -> list:
-        # Digit runs as (0, number, text) and text as (1, text): comparable in any mix.
-        return [(0, int(part), part) if part.isdigit() else (1, part)
-                for part in re.split(r"(\d+)", path.name) if part]
+        # ASCII digit runs (odd places of the split) as (0, number, text), the text
+        # between as (1, text): comparable in any mix; other scripts' digits are text.
+        return [(0, int(part), part) if i % 2 else (1, part)
+                for i, part in enumerate(re.split(r"([0-9]+)", path.name)) if part]
     return sorted((p for p in Path(folder).glob("*" + SUFFIX) if not p.name.startswith(".")), key=key)
 
 

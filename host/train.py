@@ -132,7 +132,9 @@ class TrainConfig:
                 CUDA device where PyTorch finds none, a device index beyond the GPUs
                 this process sees, or under torchrun an index other than ``LOCAL_RANK``
                 while this process sees that rank's GPU (every rank would share one
-                GPU), or ``cuda`` while it does not.
+                GPU), or ``cuda`` while it does not or while ``LOCAL_RANK`` is unset
+                (``srun``, ``mpirun``) and there is more than one GPU; a ``LOCAL_RANK``
+                that is not an integer.
         """
         import torch
         import torchvision
@@ -162,20 +164,25 @@ class TrainConfig:
         if device.type == "cuda" and not torch.cuda.is_available():
             raise ValueError(f"device {device}: PyTorch finds no CUDA device here")
         if device.type == "cuda":
-            from .sampler import dist_env
+            from .sampler import _env_int, dist_env
 
-            count, local_rank = torch.cuda.device_count(), int(os.environ.get("LOCAL_RANK", "0"))
-            torchrun = dist_env()[1] > 1
+            count, torchrun = torch.cuda.device_count(), dist_env()[1] > 1
+            local_rank = _env_int("LOCAL_RANK") if "LOCAL_RANK" in os.environ else None
             if device.index is not None and device.index >= count:
                 raise ValueError(f"device {device}: PyTorch finds {count} CUDA device(s) here")
-            if torchrun and device.index is None and local_rank >= count:
+            if torchrun and device.index is None and local_rank is None and count > 1:
+                # srun or mpirun set RANK and WORLD_SIZE, not LOCAL_RANK: GPU 0 for all.
+                raise ValueError("device cuda with WORLD_SIZE above 1 but no LOCAL_RANK: this rank's GPU is "
+                                 "unknown; launch with torchrun, set LOCAL_RANK, or give --device cuda:N")
+            if torchrun and device.index is None and local_rank is not None and local_rank >= count:
                 raise ValueError(f"device cuda under torchrun: this rank's GPU, LOCAL_RANK {local_rank}, is not "
                                  f"among the {count} CUDA device(s) PyTorch finds here (where each rank sees "
                                  f"only its own GPU, give --device cuda:0)")
             # Under torchrun each rank takes GPU LOCAL_RANK (--device cuda); a fixed index
             # would put every rank of the node on one GPU, which NCCL refuses or stalls
             # on. A rank that sees fewer GPUs (CUDA_VISIBLE_DEVICES per rank) may name one.
-            if torchrun and device.index is not None and device.index != local_rank and local_rank < count:
+            if (torchrun and device.index is not None and local_rank is not None and device.index != local_rank
+                    and local_rank < count):
                 raise ValueError(f"device {device} under torchrun: every rank of this node would use GPU "
                                  f"{device.index}; give --device cuda so that each rank uses GPU LOCAL_RANK "
                                  f"(this one {local_rank})")
@@ -278,10 +285,10 @@ class _Distributed:
     def __init__(self, device_type: str):
         import torch.distributed as dist
 
-        from .sampler import dist_env
+        from .sampler import _env_int, dist_env
 
         self.rank, self.world = dist_env()
-        self.local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+        self.local_rank = _env_int("LOCAL_RANK") if "LOCAL_RANK" in os.environ else 0
         self.active = self.world > 1
         if self.active and not dist.is_initialized():
             dist.init_process_group("nccl" if device_type == "cuda" else "gloo")

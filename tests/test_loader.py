@@ -1463,6 +1463,24 @@ def test_a_transport_buffer_cuda_cannot_pin_is_used_unpinned(monkeypatch, caplog
     assert [h.freed for h in handles] == [True, True]
 
 
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_a_failed_cuda_pin_leaves_no_error_behind():
+    """Registering memory twice fails (``cudaErrorHostMemoryAlreadyRegistered``); the
+    error CUDA keeps for the thread is cleared, so the next kernel launch, which PyTorch
+    checks with ``cudaGetLastError``, does not report it as its own."""
+    from dlbooster.pool import _cuda_call
+
+    memory = torch.zeros(1 << 16, dtype=torch.uint8)
+    assert _cuda_call("cudaHostRegister", memory.data_ptr(), memory.numel(), 0)
+    try:
+        assert not _cuda_call("cudaHostRegister", memory.data_ptr(), memory.numel(), 0)
+        x = torch.arange(4, device="cuda") + 1
+        torch.cuda.synchronize()
+        assert x.tolist() == [1, 2, 3, 4]
+    finally:
+        assert _cuda_call("cudaHostUnregister", memory.data_ptr())
+
+
 def test_spill_rooms_come_back_in_reverse_order_and_on_clear():
     from dlbooster.pool import BatchBuffer, BatchPool
 

@@ -491,6 +491,32 @@ def test_a_record_file_whose_metadata_alone_changed_is_still_read(written, tmp_p
             assert rf.image(i) == want[i]
 
 
+def test_a_check_through_a_replaced_file_does_not_vouch_for_its_replacement(written, tmp_path):
+    """A reader thread opened the file; another found it replaced by a copy with the
+    same header but a damaged last scan group, and reset the CRC verdicts; the first
+    thread's check of the old file then finished. Its verdicts stay with the old file:
+    the damaged group is still refused (they were kept for the new file, whose bad bytes
+    then read without error). The threads' order is forced by calling the steps in turn."""
+    _, rec, _ = written
+    folder = tmp_path / "rec"
+    shutil.copytree(rec, folder)
+    rf = R.RecordSet(folder).files[0]
+    path = Path(rf.path)
+    old, old_verdicts = rf._open()
+    data = bytearray(path.read_bytes())
+    data[-1] ^= 0xFF
+    (tmp_path / "copy.pcr").write_bytes(bytes(data))
+    os.replace(tmp_path / "copy.pcr", path)
+    rf._open()[0].close()                                  # the other thread: a new identity
+    with old:
+        for g in range(rf.scans + 1):
+            rf._check(old.fileno(), g, old_verdicts)       # the old file's groups are sound
+    assert old_verdicts == ["ok"] * (rf.scans + 1)
+    last = next(i for i in range(rf.images) if rf.scan_counts[i] == rf.scans)
+    with pytest.raises(R.RecordError, match=f"scan group {rf.scans} CRC mismatch"):
+        rf.image(last)
+
+
 def test_a_fifo_swapped_in_after_the_check_is_not_waited_on(written, tmp_path, monkeypatch):
     """The path is checked to be a regular file, then opened: a FIFO put there in
     between blocked ``open()`` until a writer came (forever, without one). The file is
@@ -714,6 +740,10 @@ def test_record_files_are_read_in_numeric_order(tmp_path):
     (tmp_path / "._records-00002.pcr").touch()             # AppleDouble: no record
     assert [p.name for p in R.record_paths(tmp_path)] == [
         "records-00002.pcr", "records-00010.pcr", "records-10001.pcr", "records-99999.pcr", "records-100000.pcr"]
+    for name in ("x1\u00b22.pcr", "x\u0663.pcr", "1.pcr", "x.pcr"):   # ² and Arabic-Indic 3 are no number
+        (tmp_path / name).touch()
+    assert [p.name for p in R.record_paths(tmp_path)][:2] == ["1.pcr", "records-00002.pcr"]
+    assert [p.name for p in R.record_paths(tmp_path)][-3:] == ["x1\u00b22.pcr", "x.pcr", "x\u0663.pcr"]
 
 
 def test_a_second_writer_to_the_same_folder_is_refused(tmp_path):
@@ -747,6 +777,27 @@ def test_a_second_writer_to_the_same_folder_is_refused(tmp_path):
     assert report.images == len(VARIANTS) and [Path(p) for p in report.records] == R.record_paths(out)
     assert sorted(p.name for p in out.iterdir()) == [Path(p).name for p in report.records]   # nothing hidden left
     assert len(R.RecordSet(out)) == len(VARIANTS)
+
+
+def test_a_folder_that_cannot_be_locked_is_written_with_a_warning(tmp_path, monkeypatch, caplog):
+    """On a file system without locks (``flock`` fails with ENOLCK) the write goes on,
+    warning that a second writer would not be refused. ``flock`` is made to fail as
+    such a mount fails it; nothing else is stood in for."""
+    import errno
+    import fcntl
+
+    def no_locks(fd, op):
+        raise OSError(errno.ENOLCK, os.strerror(errno.ENOLCK))
+    monkeypatch.setattr(fcntl, "flock", no_locks)
+    src, out = _folder(tmp_path / "src"), tmp_path / "out"
+    with caplog.at_level("WARNING", logger="dlbooster.records"):
+        report = R.write_records(src, out, images_per_record=4)
+    assert report.images == len(VARIANTS)
+    assert [r.getMessage() for r in caplog.records] == [
+        f"{out}: cannot lock .records-write.lock ([Errno {errno.ENOLCK}] {os.strerror(errno.ENOLCK)}); "
+        f"a second writer would not be refused"]
+    assert len(R.RecordSet(out)) == len(VARIANTS)
+    assert sorted(p.name for p in out.iterdir()) == [Path(p).name for p in report.records]
 
 
 def test_an_interrupted_or_failed_write_leaves_no_record_file(tmp_path):

@@ -165,6 +165,15 @@ def test_a_fixed_gpu_index_under_torchrun_is_refused(monkeypatch):
     with pytest.raises(ValueError, match=r"device cuda under torchrun: this rank's GPU, LOCAL_RANK 1, is not among "
                                          r"the 1 CUDA device\(s\) .*give --device cuda:0\)"):
         replace(BASE, device="cuda", steps=1).check()
+    # srun or mpirun: RANK and WORLD_SIZE without LOCAL_RANK, which cannot be guessed.
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 8)
+    monkeypatch.delenv("LOCAL_RANK")
+    with pytest.raises(ValueError, match=r"device cuda with WORLD_SIZE above 1 but no LOCAL_RANK"):
+        replace(BASE, device="cuda", steps=1).check()
+    assert replace(BASE, device="cuda:1", steps=1).check() == torch.device("cuda", 1)
+    monkeypatch.setenv("LOCAL_RANK", "x")
+    with pytest.raises(ValueError, match=r"environment variable LOCAL_RANK='x' is not an integer"):
+        replace(BASE, device="cuda", steps=1).check()
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
