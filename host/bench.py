@@ -178,6 +178,8 @@ def _inputs(args: argparse.Namespace) -> list[tuple[str, bytes]]:
             raise SystemExit("no PATH given and no shared corpus found (set DLBOOSTER_CORPUS)")
         paths = [str(corpus / "imagenet-sample-images")]
     files = [p for p, _ in _walk(paths)]
+    if not args.paths:        # the photographs, not the corpus's _provenance.tsv beside them
+        files = [p for p in files if p.lower().endswith((".jpg", ".jpeg"))]
     if not files:
         raise SystemExit(f"dlbooster bench {args.kind}: no input files")
     if args.limit:

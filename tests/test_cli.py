@@ -2,18 +2,21 @@
 
 from __future__ import annotations
 
+import argparse
 import hashlib
 import io
 import json
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
 from PIL import Image
 
 from dlbooster.cli import main
+from jpegtools import make_jpeg
 
 
 def _jpeg(rgb: np.ndarray, **options) -> bytes:
@@ -332,6 +335,23 @@ def test_bench_names_an_unreadable_input(tmp_path):
         main(["bench", "parse", str(tmp_path / "missing.jpg")])
     with pytest.raises(SystemExit, match=f"dlbooster bench records: {tmp_path / 'none'}: no such folder"):
         main(["bench", "records", str(tmp_path / "none")])
+
+
+def test_bench_default_inputs_are_the_corpus_photographs(tmp_path, monkeypatch):
+    """Without PATH a benchmark reads the corpus's ImageNet sample photographs, not the
+    ``_provenance.tsv`` listed beside them (it was timed as a failing input)."""
+    from dlbooster.bench import _inputs
+
+    photos = tmp_path / "corpus" / "imagenet-sample-images"
+    photos.mkdir(parents=True)
+    for name in ("n01_a.JPEG", "n02_b.jpg"):
+        (photos / name).write_bytes(make_jpeg(16, 16))
+    (photos / "_provenance.tsv").write_text("file\tsource\n")
+    monkeypatch.setenv("DLBOOSTER_CORPUS", str(tmp_path / "corpus"))
+    args = argparse.Namespace(paths=[], limit=0, kind="decode")
+    assert [Path(p).name for p, _ in _inputs(args)] == ["n01_a.JPEG", "n02_b.jpg"]
+    args.paths = [str(photos)]                     # a folder given by name: every file in it
+    assert [Path(p).name for p, _ in _inputs(args)] == ["_provenance.tsv", "n01_a.JPEG", "n02_b.jpg"]
 
 
 def test_bench_without_inputs_says_so(tmp_path):
