@@ -263,7 +263,8 @@ class Loader:
         return functools.partial(rf.image, i, self._fidelity)
 
     def __len__(self) -> int:
-        """Batches per epoch for this rank."""
+        """Batches in a full epoch for this rank (as ``DataLoader``'s ``len``: an epoch
+        resumed with ``sampler.skip(start)`` yields the batches of the rest only)."""
         n = len(self.sampler)
         return n // self.batch_size if self.drop_last else math.ceil(n / self.batch_size)
 
