@@ -590,17 +590,26 @@ def _cmd_records(args: argparse.Namespace) -> int:
                  if (src / "train").is_dir() and (src / "val").is_dir() else [(src, Path(args.out))])
         # Every pair is checked before the first is written: a refusal after the train
         # set would leave it behind (inside SRC's val/, a new class of its ImageFolder).
-        problem = None
-        if Path(os.path.realpath(args.out)).is_relative_to(os.path.realpath(src)):
+        problem, classes = None, []
+        if not args.out:
+            problem = "OUT is empty: give the folder to write the records to"
+        elif Path(os.path.realpath(args.out)).is_relative_to(os.path.realpath(src)):
             problem = f"{args.out}: inside the source folder {src}"
         for source, out in pairs:
+            for folder in (Path(args.out), out):
+                if problem is None and (folder.is_symlink() or folder.exists()) and not folder.is_dir():
+                    problem = f"{folder}: not a folder"
             if problem is None and out.is_dir() and record_paths(out):
-                problem = f"{out}: already holds record files"
+                problem = f"{out}: already holds record files (remove them, or give another OUT)"
             if problem is None:
                 try:
-                    source_classes(source)
+                    classes.append(source_classes(source)[1])
                 except OSError as exc:
                     problem = str(exc)
+        if problem is None and len(classes) == 2 and classes[0] != classes[1]:
+            # `train --records` refuses such a pair; it is refused before it is written.
+            problem = (f"{src}: train/ and val/ have different classes (train: {', '.join(classes[0])}; "
+                       f"val: {', '.join(classes[1])})")
         if problem is not None:
             print(f"dlbooster records write: {problem}", file=sys.stderr)
             return 2
@@ -668,6 +677,9 @@ def _cmd_train(args: argparse.Namespace) -> int:
     if args.fidelity is not None and args.records is None:
         print("dlbooster train: --fidelity needs --records", file=sys.stderr)
         return 2
+    if args.fidelity_threshold is not None and args.fidelity != "auto":
+        print("dlbooster train: --fidelity-threshold applies to --fidelity auto only", file=sys.stderr)
+        return 2
     if args.records is not None and args.data is not None:
         print("dlbooster train: give DATA or --records, not both", file=sys.stderr)
         return 2
@@ -692,13 +704,15 @@ def _cmd_train(args: argparse.Namespace) -> int:
                          streams=args.streams, device=args.device, seed=args.seed, workers=args.workers,
                          trace=args.trace, checkpoint=args.checkpoint, checkpoint_every=args.checkpoint_every,
                          resume=args.resume, progress=not args.json, records=args.records,
-                         fidelity=fidelity, fidelity_threshold=args.fidelity_threshold)
+                         fidelity=fidelity,
+                         fidelity_threshold=0.9 if args.fidelity_threshold is None else args.fidelity_threshold)
     try:
         config.check()                    # before the banner: a refused run announces nothing
+        scans = record_sets(args.records)[0].scans if args.records is not None else None
         if isinstance(fidelity, int):
-            scans = record_sets(args.records)[0].scans
             if fidelity > scans:
-                raise ValueError(f"fidelity {fidelity}: the records in {args.records} have 1..{scans} scans")
+                raise ValueError(f"fidelity {fidelity}: the records in {args.records} have 1..{scans} scans "
+                                 f"(give 1..{scans}, or auto)")
     except (ValueError, FileNotFoundError) as exc:    # RecordError is a ValueError
         print(f"dlbooster train: {exc}", file=sys.stderr)
         return 2
@@ -734,8 +748,12 @@ def _cmd_train(args: argparse.Namespace) -> int:
         choice = summary.get("fidelity_choice")
         if choice is not None:
             scores = ", ".join(f"{k}: {v:.3f}" for k, v in choice["scores"].items())
-            print(f"fidelity {choice['fidelity']} chosen: the lowest whose gradients' cosine similarity to full "
-                  f"fidelity's reached {choice['threshold']} ({scores})")
+            if str(choice["fidelity"]) in choice["scores"]:
+                print(f"fidelity {choice['fidelity']} chosen: the lowest whose gradients' cosine similarity to "
+                      f"full fidelity's reached {choice['threshold']} ({scores})")
+            else:
+                print(f"fidelity {choice['fidelity']} (full) chosen: no lower fidelity's gradients reached a cosine "
+                      f"similarity of {choice['threshold']} to full fidelity's ({scores})")
         if summary["untrained"]:
             n = summary["untrained"]
             print(f"{n} decoded image{'s were' if n != 1 else ' was'} not trained on: a batch had a rank with "
@@ -920,8 +938,8 @@ def _parser() -> argparse.ArgumentParser:
                                                     "records write) instead of DATA")
     p.add_argument("--fidelity", metavar="K|auto", type=_fidelity,
                    help="with --records: scans per training image, or auto (gradient similarity)")
-    p.add_argument("--fidelity-threshold", type=_similarity, default=0.9,
-                   help="gradient cosine similarity --fidelity auto must reach")
+    p.add_argument("--fidelity-threshold", type=_similarity,
+                   help="gradient cosine similarity --fidelity auto must reach (default 0.9)")
     p.add_argument("--json", action="store_true", help="print the run's summary as JSON")
     p.set_defaults(func=_cmd_train)
 
@@ -969,6 +987,10 @@ def main(argv: list[str] | None = None) -> int:
 
     try:
         return args.func(args)
+    except KeyboardInterrupt:          # Ctrl-C: a line, not a traceback (records write leaves no file)
+        what = " ".join(w for w in (args.command, getattr(args, "action", None)) if w)
+        print(f"dlbooster {what}: interrupted", file=sys.stderr)
+        return 130
     except CacheError as exc:          # the simulators' build cache: DLBOOSTER_CACHE names another
         print(f"dlbooster {args.command}: {exc}", file=sys.stderr)
         return 1

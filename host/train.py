@@ -196,13 +196,16 @@ def record_sets(root: str | os.PathLike):
     ``ROOT/val`` holds no records), else ``(RecordSet(ROOT), None)``.
 
     Raises:
-        FileNotFoundError: no record files in ``ROOT`` or ``ROOT/train``.
+        FileNotFoundError: ``ROOT`` is no folder, or holds no record files, nor does
+            ``ROOT/train``.
         dlbooster.records.RecordError: a corrupt record file, or train and val records
             with different classes (a ``ValueError``).
     """
     from .records import RecordError, RecordSet, is_record_dir
 
     root = Path(root)
+    if not root.is_dir():
+        raise FileNotFoundError(f"{root}: {'not a folder' if root.exists() else 'no such folder'}")
     if is_record_dir(root / "train"):
         train_set = RecordSet(root / "train")
         val_set = RecordSet(root / "val") if is_record_dir(root / "val") else None

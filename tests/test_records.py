@@ -716,7 +716,12 @@ def test_cli_write_info_and_train(tmp_path):
     code, out, err = _cli("train", "--records", str(tmp_path / "rec"), "--fidelity", "auto", "--steps", "1",
                           "--batch-size", "3", "--image-size", "32")
     (line,) = [line for line in out.splitlines() if line.startswith("fidelity ")]
-    assert code == 0 and line.startswith(f"fidelity {summary['fidelity']} chosen: ") and "reached 0.9 (1: " in line
+    k = summary["fidelity"]
+    if str(k) in summary["fidelity_choice"]["scores"]:
+        assert line.startswith(f"fidelity {k} chosen: the lowest whose") and "reached 0.9 (1: " in line
+    else:                                           # none reached it: full fidelity, said so
+        assert line.startswith(f"fidelity {k} (full) chosen: no lower fidelity's") and "of 0.9 to " in line
+    assert code == 0
     code, _, err = _cli("train", "--fidelity", "2", "--steps", "1")
     assert code == 2 and "--fidelity needs --records" in err
     # Refused before the run is announced (no "training ..." banner).
@@ -730,6 +735,40 @@ def test_cli_write_info_and_train(tmp_path):
         assert (code, out) == (2, "") and message in err and "training" not in err, (args, err)
     code, _, err = _cli("records", "info", str(tmp_path / "rec" / "val" / "records-00000.pcr"))
     assert code == 2 and "records-00000.pcr: not a folder (a record set is the folder that holds" in err
+    code, out, err = _cli("train", "--records", rec, "--fidelity", "3", "--fidelity-threshold", "0.5", "--steps", "1")
+    assert (code, out) == (2, "") and "--fidelity-threshold applies to --fidelity auto only" in err
+    for where, what in ((tmp_path / "nowhere", "no such folder"),
+                        (tmp_path / "rec" / "val" / "records-00000.pcr", "not a folder")):
+        code, out, err = _cli("train", "--records", str(where), "--steps", "1")
+        assert (code, out, err) == (2, "", f"dlbooster train: {where}: {what}\n")
+
+
+def test_records_write_refusals_and_interruption(tmp_path, monkeypatch):
+    """What `records write` refuses before writing anything, and Ctrl-C: one line, no
+    traceback, exit 130, no record file."""
+    src = tmp_path / "data"
+    _folder(src / "train")
+    (src / "val" / "zebra").mkdir(parents=True)
+    (src / "val" / "zebra" / "z.jpg").write_bytes(make_jpeg(16, 16))
+    code, out, err = _cli("records", "write", str(src), str(tmp_path / "out"))
+    assert (code, out) == (2, "") and err == (f"dlbooster records write: {src}: train/ and val/ have different "
+                                              f"classes (train: class0, class1; val: zebra)\n")
+    assert not (tmp_path / "out").exists()
+    shutil.rmtree(src / "val")
+    (tmp_path / "afile").write_text("")
+    os.symlink(tmp_path / "gone", tmp_path / "dangling")
+    for out_arg, message in (("", "OUT is empty: give the folder to write the records to"),
+                             (str(tmp_path / "afile"), f"{tmp_path / 'afile'}: not a folder"),
+                             (str(tmp_path / "dangling"), f"{tmp_path / 'dangling'}: not a folder")):
+        code, out, err = _cli("records", "write", str(src), out_arg)
+        assert (code, out, err) == (2, "", f"dlbooster records write: {message}\n"), out_arg
+
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+    monkeypatch.setattr(R, "write_records", interrupted)
+    code, out, err = _cli("records", "write", str(src), str(tmp_path / "out"))
+    assert (code, out, err) == (130, "", "dlbooster records write: interrupted\n")
+    assert R.record_paths(tmp_path / "out") == []
 
 
 def test_record_files_are_read_in_numeric_order(tmp_path):
@@ -813,6 +852,8 @@ def test_an_interrupted_or_failed_write_leaves_no_record_file(tmp_path):
     _folder(src / "train")
     (src / "val" / "class0").mkdir(parents=True)
     (src / "val" / "class0" / "big.jpg").write_bytes(make_jpeg(480, 400, quality=95, subsampling=0))
+    (src / "val" / "class1").mkdir()                       # val/ has train/'s classes
+    (src / "val" / "class1" / "small.jpg").write_bytes(make_jpeg(16, 16))
     out = tmp_path / "out"
 
     def stop(done, total):
@@ -824,7 +865,7 @@ def test_an_interrupted_or_failed_write_leaves_no_record_file(tmp_path):
     # A file-size limit between train's largest record and val's: the write of val's
     # record fails (EFBIG, SIGXFSZ ignored) after train's set was written.
     small = max(os.path.getsize(p) for p in R.write_records(src / "train", tmp_path / "p1", images_per_record=1).records)
-    (big,) = [os.path.getsize(p) for p in R.write_records(src / "val", tmp_path / "p2").records]
+    big = os.path.getsize(R.write_records(src / "val", tmp_path / "p2", images_per_record=1).records[0])
     assert big > 2 * small
     code = ("import resource, signal, sys\n"
             "signal.signal(signal.SIGXFSZ, signal.SIG_IGN)\n"
@@ -839,7 +880,7 @@ def test_an_interrupted_or_failed_write_leaves_no_record_file(tmp_path):
     assert sorted(p.name for p in (tmp_path / "both").rglob("*")) == ["train", "val"]
     code, out_text, err = _cli("records", "write", str(src), str(tmp_path / "both"), "--images-per-record", "1")
     assert code == 0, err
-    assert [len(R.RecordSet(tmp_path / "both" / s)) for s in ("train", "val")] == [len(VARIANTS), 1]
+    assert [len(R.RecordSet(tmp_path / "both" / s)) for s in ("train", "val")] == [len(VARIANTS), 2]
 
 
 def test_a_val_folder_without_images_is_named_before_train_is_written(tmp_path):
