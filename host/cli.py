@@ -25,10 +25,12 @@ Commands:
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import logging
 import os
 import re
+import signal
 import sys
 from collections import Counter
 from pathlib import Path
@@ -575,9 +577,34 @@ def _cmd_demo(args: argparse.Namespace) -> int:
                                                  str(args.max_width), "--verify", tmp]))
 
 
+class _Terminated(KeyboardInterrupt):
+    """SIGTERM, raised where Ctrl-C's KeyboardInterrupt would be (see :func:`_sigterm_as_interrupt`)."""
+
+
+@contextlib.contextmanager
+def _sigterm_as_interrupt():
+    """Within the block, SIGTERM (``kill``, a batch system's time limit) unwinds the main
+    thread as Ctrl-C does, so the cleanup that Ctrl-C runs runs too; :func:`main` then
+    exits with 143. Only where the main thread waits in Python: a command blocked in a
+    collective would not see it, so ``train`` keeps the default (the process ends)."""
+    def terminate(signum, frame):
+        raise _Terminated
+
+    try:
+        previous = signal.signal(signal.SIGTERM, terminate)
+    except ValueError:                     # not the main thread: leave SIGTERM alone
+        yield
+        return
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
 def _cmd_records(args: argparse.Namespace) -> int:
     from .bench import _table
-    from .records import RecordError, RecordSet, info, record_paths, source_classes, write_records
+    from .records import (RecordError, RecordFile, RecordSet, missing_folders, info, record_paths,
+                          remove_empty_folders, source_classes, write_records)
 
     if args.action == "write":
         src = Path(args.src)
@@ -613,40 +640,57 @@ def _cmd_records(args: argparse.Namespace) -> int:
         if problem is not None:
             print(f"dlbooster records write: {problem}", file=sys.stderr)
             return 2
-        reports = {}
+        reports, lines = {}, []
         written: list[str] = []
-        for source, out in pairs:
-            def show(done, total, name=source.name):
-                if not args.json and sys.stderr.isatty() and (done == total or done % 50 == 0):
-                    print(f"\r{name}: {done}/{total} images", end="\n" if done == total else "",
-                          file=sys.stderr, flush=True)
-            try:
-                report = write_records(source, out, images_per_record=args.images_per_record,
-                                       verify=not args.no_verify, workers=args.workers, progress=show)
-            except BaseException as exc:
-                for path in written:              # train/ without val/ is no data set
-                    Path(path).unlink(missing_ok=True)
-                if not isinstance(exc, (OSError, RecordError, ValueError)):
-                    raise
-                removed = f" (the record files written to {pairs[0][1]} are removed)" if written else ""
-                print(f"dlbooster records write: {exc}{removed}", file=sys.stderr)
-                return 2
-            written += report.records
-            reports[str(out)] = report.to_json()
-            if not args.json:
-                print(f"{out}: {report.images} images in {len(report.records)} record file(s), "
-                      f"{report.scans} scan groups; {report.record_bytes:,} bytes "
-                      f"({report.record_bytes / max(report.source_bytes, 1):.3f} of the sources' "
-                      f"{report.source_bytes:,}); {len(report.skipped)} skipped")
-                for path, reason in report.skipped:
-                    # A reason names its input already ("PATH: jpegtran failed: ...").
-                    print(f"  skipped {reason}" if reason.startswith(f"{path}: ") else f"  skipped {path}: {reason}")
-        if args.json:
-            print(json.dumps(reports, indent=1))
+        # Folders this command makes (OUT, OUT/train): a failure removes them again.
+        created = missing_folders(pairs[0][1])
+        with _sigterm_as_interrupt():
+            for source, out in pairs:
+                def show(done, total, name=source.name):
+                    if not args.json and sys.stderr.isatty() and (done == total or done % 50 == 0):
+                        print(f"\r{name}: {done}/{total} images", end="\n" if done == total else "",
+                              file=sys.stderr, flush=True)
+                try:
+                    report = write_records(source, out, images_per_record=args.images_per_record,
+                                           verify=not args.no_verify, workers=args.workers, progress=show)
+                except BaseException as exc:
+                    for path in written:              # train/ without val/ is no data set
+                        Path(path).unlink(missing_ok=True)
+                    remove_empty_folders(created)
+                    if not isinstance(exc, (OSError, RecordError, ValueError)):
+                        raise
+                    removed = f" (the record files written to {pairs[0][1]} are removed)" if written else ""
+                    print(f"dlbooster records write: {exc}{removed}", file=sys.stderr)
+                    return 2
+                written += report.records
+                reports[str(out)] = report.to_json()
+                # Printed once every set is written: a later failure removes this one.
+                lines.append(f"{out}: {report.images} images in {len(report.records)} record file(s), "
+                             f"{report.scans} scan groups; {report.record_bytes:,} bytes "
+                             f"({report.record_bytes / max(report.source_bytes, 1):.3f} of the sources' "
+                             f"{report.source_bytes:,}); {len(report.skipped)} skipped")
+                # A reason names its input already ("PATH: jpegtran failed: ...").
+                lines += [f"  skipped {reason}" if reason.startswith(f"{path}: ") else f"  skipped {path}: {reason}"
+                          for path, reason in report.skipped]
+        print(json.dumps(reports, indent=1) if args.json else "\n".join(lines))
         return 1 if any(r["skipped"] for r in reports.values()) else 0
     try:
         result = info(RecordSet(args.src), sample=args.sample)
-    except (OSError, RecordError, ValueError) as exc:
+    except RecordError as exc:
+        # Name every damaged file, not only the first the set stopped at.
+        damaged = []
+        for path in record_paths(args.src) if os.path.isdir(args.src) else []:
+            try:
+                RecordFile(path)
+            except (OSError, RecordError) as bad:
+                damaged.append(str(bad))
+        if len(damaged) > 1:
+            print(f"dlbooster records info: {args.src}: {len(damaged)} of {len(record_paths(args.src))} record "
+                  f"files are damaged:\n" + "\n".join(f"  {d}" for d in damaged), file=sys.stderr)
+        else:
+            print(f"dlbooster records info: {exc}", file=sys.stderr)
+        return 2
+    except (OSError, ValueError) as exc:
         # `records write` makes train/ and val/ sets of a hymenoptera-style folder.
         sets = [name for name in ("train", "val") if os.path.isdir(os.path.join(args.src, name))
                 and record_paths(os.path.join(args.src, name))]
@@ -987,10 +1031,11 @@ def main(argv: list[str] | None = None) -> int:
 
     try:
         return args.func(args)
-    except KeyboardInterrupt:          # Ctrl-C: a line, not a traceback (records write leaves no file)
+    except KeyboardInterrupt as exc:   # Ctrl-C: a line, not a traceback (records write leaves no file)
         what = " ".join(w for w in (args.command, getattr(args, "action", None)) if w)
-        print(f"dlbooster {what}: interrupted", file=sys.stderr)
-        return 130
+        terminated = isinstance(exc, _Terminated)
+        print(f"dlbooster {what}: {'terminated' if terminated else 'interrupted'}", file=sys.stderr)
+        return 143 if terminated else 130      # 128 + the signal's number, as a shell reports it
     except CacheError as exc:          # the simulators' build cache: DLBOOSTER_CACHE names another
         print(f"dlbooster {args.command}: {exc}", file=sys.stderr)
         return 1

@@ -272,20 +272,21 @@ def write_records(src: str | os.PathLike, out_dir: str | os.PathLike, *, images_
     left out and listed in the report's ``skipped`` with the reason (jpegtran refuses
     files it only warns about, e.g. extraneous bytes, which Pillow may still decode).
 
-    The files are written into a hidden folder inside ``out_dir`` and renamed into
-    place once every one is written; a failed or interrupted write (an exception,
-    Ctrl-C) leaves no record file. Only the renames are not one step: a reader listing
-    the folder during them sees part of the set, and a writer killed outright during
-    them (SIGKILL, power loss) leaves part of it; one killed before them leaves its
-    hidden folder, which the next write removes. One write at a time may fill
-    ``out_dir`` (an ``flock`` on its hidden lock file, released when the writer ends
-    however it ends).
+    The files are written into a hidden folder inside ``out_dir`` and renamed into place
+    once every one is written; a failed or interrupted write (an exception, Ctrl-C)
+    leaves no record file, and removes the folders it made for ``out_dir``. Only the
+    renames are not one step: a reader listing the folder during them sees part of the
+    set, and a writer killed outright during them (SIGKILL, power loss) leaves part of
+    it; one killed before them leaves its hidden folder, which the next write removes.
+    One write at a time may fill ``out_dir`` (an ``flock`` on its hidden lock file,
+    released when the writer ends however it ends).
 
     Raises:
         FileNotFoundError: ``src`` is no ImageFolder (the message names ``src``).
         FileExistsError: ``out_dir`` already holds record files, or another write is
             filling it.
-        RecordError: jpegtran is missing.
+        RecordError: jpegtran is missing, or no image of ``src`` could be stored
+            (every one skipped; the message gives the first reason).
         ValueError: ``images_per_record`` below 1, or ``out_dir`` inside ``src``.
         OSError: a record file cannot be written (named in the error; nothing of the
             set is left).
@@ -298,27 +299,56 @@ def write_records(src: str | os.PathLike, out_dir: str | os.PathLike, *, images_
     samples, classes = source_classes(src)
     jpegtran = _jpegtran(jpegtran)
     out = Path(out_dir)
+    created = missing_folders(out)
     out.mkdir(parents=True, exist_ok=True)
-    with _exclusive(out):
-        if record_paths(out):
-            raise FileExistsError(f"{out}: already holds record files")
-        for stale in out.glob(_STAGING + "*"):   # a killed write's (none runs: we hold the lock)
-            shutil.rmtree(stale, ignore_errors=True)
-        stage = Path(tempfile.mkdtemp(prefix=_STAGING, dir=out))
-        moved: list[str] = []
-        try:
-            report = _write_set(samples, classes, os.path.abspath(src), out, stage, images_per_record,
-                                verify, workers, jpegtran, progress)
-            for name in sorted(os.listdir(stage)):
-                os.replace(stage / name, out / name)
-                moved.append(name)
-        except BaseException:
-            for name in moved:                       # a part of the set is no set
-                (out / name).unlink(missing_ok=True)
-            raise
-        finally:
-            shutil.rmtree(stage, ignore_errors=True)
+    try:
+        with _exclusive(out):
+            if record_paths(out):
+                raise FileExistsError(f"{out}: already holds record files")
+            for stale in out.glob(_STAGING + "*"):   # a killed write's (none runs: we hold the lock)
+                shutil.rmtree(stale, ignore_errors=True)
+            stage = Path(tempfile.mkdtemp(prefix=_STAGING, dir=out))
+            moved: list[str] = []
+            try:
+                report = _write_set(samples, classes, os.path.abspath(src), out, stage, images_per_record,
+                                    verify, workers, jpegtran, progress)
+                if not report.images:
+                    path, reason = report.skipped[0]
+                    reason = reason if reason.startswith(f"{path}: ") else f"{path}: {reason}"
+                    raise RecordError(f"{src}: no image could be stored, all {len(report.skipped)} were skipped "
+                                      f"(the first: {reason})")
+                for name in sorted(os.listdir(stage)):
+                    os.replace(stage / name, out / name)
+                    moved.append(name)
+            except BaseException:
+                for name in moved:                       # a part of the set is no set
+                    (out / name).unlink(missing_ok=True)
+                raise
+            finally:
+                shutil.rmtree(stage, ignore_errors=True)
+    except BaseException:
+        remove_empty_folders(created)
+        raise
     return report
+
+
+def missing_folders(folder: Path) -> list[Path]:
+    """``folder`` and those of its parents that do not exist, deepest first."""
+    missing = []
+    while not (folder.exists() or folder.is_symlink()) and folder != folder.parent:
+        missing.append(folder)
+        folder = folder.parent
+    return missing
+
+
+def remove_empty_folders(folders: list[Path]) -> None:
+    """Remove each of ``folders`` (deepest first) that is empty: what a failed write
+    made and left nothing in. A folder another process has filled since stays."""
+    for folder in folders:
+        try:
+            folder.rmdir()
+        except OSError:
+            return
 
 
 #: Prefix of the hidden folder a write fills before its files move into place.

@@ -861,6 +861,10 @@ def test_an_interrupted_or_failed_write_leaves_no_record_file(tmp_path):
             raise KeyboardInterrupt
     with pytest.raises(KeyboardInterrupt):
         R.write_records(src / "train", out, images_per_record=1, workers=1, progress=stop)
+    assert not out.exists()                  # the folder it made is removed too
+    out.mkdir()                              # one the user made stays
+    with pytest.raises(KeyboardInterrupt):
+        R.write_records(src / "train", out, images_per_record=1, workers=1, progress=stop)
     assert list(out.iterdir()) == []
     # A file-size limit between train's largest record and val's: the write of val's
     # record fails (EFBIG, SIGXFSZ ignored) after train's set was written.
@@ -877,7 +881,8 @@ def test_an_interrupted_or_failed_write_leaves_no_record_file(tmp_path):
     assert run.returncode == 2, run.stderr
     assert (f"File too large: writing record file: '{tmp_path / 'both' / 'val' / 'records-00000.pcr'}' "
             f"(the record files written to {tmp_path / 'both' / 'train'} are removed)") in run.stderr, run.stderr
-    assert sorted(p.name for p in (tmp_path / "both").rglob("*")) == ["train", "val"]
+    assert run.stdout == ""                  # train's summary is not printed for a removed set
+    assert not (tmp_path / "both").exists()  # nor are the folders the command made left
     code, out_text, err = _cli("records", "write", str(src), str(tmp_path / "both"), "--images-per-record", "1")
     assert code == 0, err
     assert [len(R.RecordSet(tmp_path / "both" / s)) for s in ("train", "val")] == [len(VARIANTS), 2]
@@ -924,3 +929,71 @@ def test_bench_records_on_a_flat_folder(tmp_path):
         assert d["read"][f"records k={k}"]["warm"]["bytes"] == by_k[k]
         assert d["loader"][f"records k={k}"]["images_per_s"] > 0
     assert result["training"] == []
+
+
+def test_a_write_that_stores_no_image_fails_and_leaves_no_folder(tmp_path):
+    """A source whose every image is skipped made an empty OUT and exited 1 as if some
+    images had been skipped; it is now an error that gives the first reason, and the
+    folders the write made are removed."""
+    src = tmp_path / "src"
+    (src / "a").mkdir(parents=True)
+    (src / "a" / "empty.jpg").write_bytes(b"")
+    (src / "a" / "png.jpg").write_bytes(png_bytes(photo_crop(16, 16)))
+    out = tmp_path / "deep" / "out"
+    with pytest.raises(R.RecordError, match=re.escape(f"{src}: no image could be stored, all 2 were skipped "
+                                                      f"(the first: {src / 'a' / 'empty.jpg'}: ")):
+        R.write_records(src, out)
+    assert not (tmp_path / "deep").exists()
+    code, out_text, err = _cli("records", "write", str(src), str(out))
+    assert (code, out_text) == (2, "") and err.startswith(f"dlbooster records write: {src}: no image could be "
+                                                           f"stored"), err
+    assert not (tmp_path / "deep").exists()
+
+
+def test_sigterm_during_a_write_is_handled_as_ctrl_c(tmp_path):
+    """``kill`` (SIGTERM) during ``records write`` ended the process at once and left its
+    staging folder and lock; it now unwinds as Ctrl-C does: one line, exit 143, no
+    record file and no folder the command made. The signal is real, sent by the
+    process to itself part way through the images."""
+    import subprocess
+    import sys
+
+    src = _folder(tmp_path / "src")
+    out = tmp_path / "out"
+    code = ("import os, signal, sys\n"
+            "from dlbooster import records\n"
+            "from dlbooster.cli import main\n"
+            "prepare, seen = records._prepare, []\n"
+            "def slow(*args):\n"
+            "    seen.append(1)\n"
+            "    if len(seen) == 3:\n"
+            "        os.kill(os.getpid(), signal.SIGTERM)\n"
+            "    return prepare(*args)\n"
+            "records._prepare = slow\n"
+            f"sys.exit(main(['records', 'write', {str(src)!r}, {str(out)!r}, '--workers', '1']))\n")
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert (run.returncode, run.stdout, run.stderr) == (143, "", "dlbooster records write: terminated\n")
+    assert not out.exists()
+    # In process, the CLI puts back the SIGTERM handler it found.
+    import signal
+    before = signal.getsignal(signal.SIGTERM)
+    code, _, err = _cli("records", "write", str(src), str(out))
+    assert code == 0 and signal.getsignal(signal.SIGTERM) is before, err
+
+
+def test_records_info_names_every_damaged_file(tmp_path):
+    """A set with two damaged files named only the first; each is named now."""
+    src = _folder(tmp_path / "src")
+    rec = tmp_path / "rec"
+    R.write_records(src, rec, images_per_record=2)
+    files = R.record_paths(rec)
+    assert len(files) >= 3
+    for path in (files[0], files[2]):
+        data = bytearray(path.read_bytes())
+        data[0] ^= 0xFF                            # the magic
+        path.write_bytes(bytes(data))
+    code, out, err = _cli("records", "info", str(rec))
+    assert (code, out) == (2, "")
+    assert err == (f"dlbooster records info: {rec}: 2 of {len(files)} record files are damaged:\n"
+                   f"  {files[0]}: not a dlbooster record (bad magic)\n"
+                   f"  {files[2]}: not a dlbooster record (bad magic)\n")
