@@ -80,9 +80,12 @@ def _similarity(text: str) -> float:
         value = float(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
-    if not -1.0 < value <= 1.0:
-        raise argparse.ArgumentTypeError(f"must be in (-1, 1], not {text}")
-    return value
+    from .fidelity import check_threshold
+
+    try:
+        return check_threshold(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be in (-1, 1], not {text}") from None
 
 
 def _walk(paths: list[str]) -> list[tuple[str, str]]:
@@ -617,7 +620,7 @@ def _cmd_records(args: argparse.Namespace) -> int:
                  if (src / "train").is_dir() and (src / "val").is_dir() else [(src, Path(args.out))])
         # Every pair is checked before the first is written: a refusal after the train
         # set would leave it behind (inside SRC's val/, a new class of its ImageFolder).
-        problem, classes = None, []
+        problem, listings = None, []
         if not args.out:
             problem = "OUT is empty: give the folder to write the records to"
         elif Path(os.path.realpath(args.out)).is_relative_to(os.path.realpath(src)):
@@ -630,9 +633,10 @@ def _cmd_records(args: argparse.Namespace) -> int:
                 problem = f"{out}: already holds record files (remove them, or give another OUT)"
             if problem is None:
                 try:
-                    classes.append(source_classes(source)[1])
+                    listings.append(source_classes(source))
                 except OSError as exc:
                     problem = str(exc)
+        classes = [listing[1] for listing in listings]
         if problem is None and len(classes) == 2 and classes[0] != classes[1]:
             # `train --records` refuses such a pair; it is refused before it is written.
             problem = (f"{src}: train/ and val/ have different classes (train: {', '.join(classes[0])}; "
@@ -645,14 +649,15 @@ def _cmd_records(args: argparse.Namespace) -> int:
         # Folders this command makes (OUT, OUT/train): a failure removes them again.
         created = missing_folders(pairs[0][1])
         with _sigterm_as_interrupt():
-            for source, out in pairs:
+            for (source, out), listing in zip(pairs, listings):
                 def show(done, total, name=source.name):
                     if not args.json and sys.stderr.isatty() and (done == total or done % 50 == 0):
                         print(f"\r{name}: {done}/{total} images", end="\n" if done == total else "",
                               file=sys.stderr, flush=True)
                 try:
                     report = write_records(source, out, images_per_record=args.images_per_record,
-                                           verify=not args.no_verify, workers=args.workers, progress=show)
+                                           verify=not args.no_verify, workers=args.workers, progress=show,
+                                           listing=listing)
                 except BaseException as exc:
                     for path in written:              # train/ without val/ is no data set
                         Path(path).unlink(missing_ok=True)
@@ -752,8 +757,9 @@ def _cmd_train(args: argparse.Namespace) -> int:
                          fidelity_threshold=0.9 if args.fidelity_threshold is None else args.fidelity_threshold)
     try:
         config.check()                    # before the banner: a refused run announces nothing
-        scans = record_sets(args.records)[0].scans if args.records is not None else None
+        sets = record_sets(args.records) if args.records is not None else None
         if isinstance(fidelity, int):
+            scans = sets[0].scans
             if fidelity > scans:
                 raise ValueError(f"fidelity {fidelity}: the records in {args.records} have 1..{scans} scans "
                                  f"(give 1..{scans}, or auto)")
@@ -768,7 +774,7 @@ def _cmd_train(args: argparse.Namespace) -> int:
               + (f" ({args.lanes} lane(s), {args.max_width}-pixel line buffers)" if backend == "sim" else "")
               + f", backward {args.backward}", file=sys.stderr)
     try:
-        summary = train(config, on_epoch=None if quiet else lambda r: print(format_epoch(r), flush=True))
+        summary = train(config, on_epoch=None if quiet else lambda r: print(format_epoch(r), flush=True), sets=sets)
     except (ValueError, FileNotFoundError) as exc:   # RecordError is a ValueError
         print(f"dlbooster train: {exc}", file=sys.stderr)
         return 2

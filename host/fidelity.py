@@ -13,7 +13,7 @@ from __future__ import annotations
 import copy
 from dataclasses import dataclass, field
 
-__all__ = ["FidelityChoice", "choose_fidelity"]
+__all__ = ["FidelityChoice", "check_threshold", "choose_fidelity"]
 
 
 @dataclass
@@ -51,6 +51,18 @@ def _gradients(model, loss_fn, batches) -> list:
     return grads
 
 
+def check_threshold(threshold: float) -> float:
+    """``threshold`` if it is a cosine similarity :func:`choose_fidelity` can aim at, in
+    (-1, 1]: -1 would accept every fidelity; above 1 none.
+
+    Raises:
+        ValueError: outside (-1, 1] (NaN too).
+    """
+    if not -1.0 < threshold <= 1.0:
+        raise ValueError(f"threshold must be in (-1, 1], not {threshold}")
+    return threshold
+
+
 def choose_fidelity(model, records, *, batch_size: int = 32, batches: int = 2, image_size: int = 224,
                     threshold: float = 0.9, device="cpu", seed: int = 0, loss_fn=None,
                     cpu_workers: int | None = None) -> FidelityChoice:
@@ -82,8 +94,7 @@ def choose_fidelity(model, records, *, batch_size: int = 32, batches: int = 2, i
     from .records import RecordSet
     from .transforms import eval_transform
 
-    if not -1.0 < threshold <= 1.0:
-        raise ValueError(f"threshold must be in (-1, 1], not {threshold}")
+    check_threshold(threshold)
     if batches < 1 or batch_size < 1:
         raise ValueError("batches and batch_size must be at least 1")
     records = records if isinstance(records, RecordSet) else RecordSet(records)

@@ -261,7 +261,8 @@ def _prepare(path: str, verify: bool, jpegtran: str) -> tuple[list[bytes], int]:
 
 def write_records(src: str | os.PathLike, out_dir: str | os.PathLike, *, images_per_record: int = 256,
                   verify: bool = True, workers: int | None = None, jpegtran: str | None = None,
-                  progress: Callable[[int, int], None] | None = None) -> WriteReport:
+                  progress: Callable[[int, int], None] | None = None,
+                  listing: tuple[list, list[str]] | None = None) -> WriteReport:
     """Write the ImageFolder ``src`` as records ``out_dir/records-00000.pcr``, ...
 
     Images are taken in ImageFolder order (:func:`dlbooster.sources.image_folder`: the
@@ -279,7 +280,9 @@ def write_records(src: str | os.PathLike, out_dir: str | os.PathLike, *, images_
     set, and a writer killed outright during them (SIGKILL, power loss) leaves part of
     it; one killed before them leaves its hidden folder, which the next write removes.
     One write at a time may fill ``out_dir`` (an ``flock`` on its hidden lock file,
-    released when the writer ends however it ends).
+    released when the writer ends however it ends). ``listing``: ``src``'s
+    ``(samples, classes)`` where the caller has listed it already
+    (:func:`source_classes`), so that a large folder is not walked twice.
 
     Raises:
         FileNotFoundError: ``src`` is no ImageFolder (the message names ``src``).
@@ -296,7 +299,7 @@ def write_records(src: str | os.PathLike, out_dir: str | os.PathLike, *, images_
     if Path(os.path.realpath(out_dir)).is_relative_to(os.path.realpath(src)):
         # Inside SRC the new folder would become a class of SRC's ImageFolder.
         raise ValueError(f"{out_dir}: inside the source folder {src}")
-    samples, classes = source_classes(src)
+    samples, classes = listing if listing is not None else source_classes(src)
     jpegtran = _jpegtran(jpegtran)
     out = Path(out_dir)
     created = missing_folders(out)

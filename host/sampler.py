@@ -17,7 +17,7 @@ import os
 import sys
 from collections.abc import Iterator
 
-__all__ = ["shard_indices", "num_samples", "dist_env", "ShardSampler"]
+__all__ = ["shard_indices", "num_samples", "dist_env", "local_rank_env", "ShardSampler"]
 
 
 def _check_shard(length: int, rank: int, world_size: int) -> tuple[int, int, int]:
@@ -98,6 +98,16 @@ def _env_int(name: str) -> int:
         return int(value)
     except ValueError:
         raise ValueError(f"environment variable {name}={value!r} is not an integer") from None
+
+
+def local_rank_env() -> int | None:
+    """This process's ``LOCAL_RANK`` (torchrun sets it: the rank's index on its node, the
+    GPU it takes), or None where it is unset (a single process, ``srun``, ``mpirun``).
+
+    Raises:
+        ValueError: ``LOCAL_RANK`` is not an integer (the message gives its value).
+    """
+    return _env_int("LOCAL_RANK") if "LOCAL_RANK" in os.environ else None
 
 
 def dist_env() -> tuple[int, int]:

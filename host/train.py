@@ -156,18 +156,23 @@ class TrainConfig:
         if self.fidelity not in (None, "auto") and (isinstance(self.fidelity, bool) or not isinstance(
                 self.fidelity, int) or self.fidelity < 1):
             raise ValueError(f"fidelity must be 'auto' or a number of scans from 1, not {self.fidelity!r}")
-        if self.fidelity == "auto" and not -1.0 < self.fidelity_threshold <= 1.0:
-            raise ValueError(f"fidelity threshold must be in (-1, 1], not {self.fidelity_threshold}")
+        if self.fidelity == "auto":
+            from .fidelity import check_threshold
+
+            try:
+                check_threshold(self.fidelity_threshold)
+            except ValueError as exc:
+                raise ValueError(f"fidelity {exc}") from None
         if self.model not in torchvision.models.list_models(module=torchvision.models):
             raise ValueError(f"unknown torchvision classification model {self.model!r}")
         device = torch.device(self.device or ("cuda" if torch.cuda.is_available() else "cpu"))
         if device.type == "cuda" and not torch.cuda.is_available():
             raise ValueError(f"device {device}: PyTorch finds no CUDA device here")
         if device.type == "cuda":
-            from .sampler import _env_int, dist_env
+            from .sampler import dist_env, local_rank_env
 
             count, torchrun = torch.cuda.device_count(), dist_env()[1] > 1
-            local_rank = _env_int("LOCAL_RANK") if "LOCAL_RANK" in os.environ else None
+            local_rank = local_rank_env()
             if device.index is not None and device.index >= count:
                 raise ValueError(f"device {device}: PyTorch finds {count} CUDA device(s) here")
             if torchrun and device.index is None and local_rank is None and count > 1:
@@ -288,10 +293,10 @@ class _Distributed:
     def __init__(self, device_type: str):
         import torch.distributed as dist
 
-        from .sampler import _env_int, dist_env
+        from .sampler import dist_env, local_rank_env
 
         self.rank, self.world = dist_env()
-        self.local_rank = _env_int("LOCAL_RANK") if "LOCAL_RANK" in os.environ else 0
+        self.local_rank = local_rank_env() or 0
         self.active = self.world > 1
         if self.active and not dist.is_initialized():
             dist.init_process_group("nccl" if device_type == "cuda" else "gloo")
@@ -352,12 +357,14 @@ def _lr_factor(step: int, total: int, warmup: int) -> float:
     return 0.5 * (1 + math.cos(math.pi * min(step - warmup, span) / span))
 
 
-def train(config: TrainConfig, *, on_epoch=None, on_step=None) -> dict:
+def train(config: TrainConfig, *, on_epoch=None, on_step=None, sets=None) -> dict:
     """Run the training job; return its summary (the ``--json`` object).
 
     ``on_epoch(record)`` is called on rank 0 after each epoch's validation with that
     epoch's figures; ``on_step(step, loss)`` on every rank after each optimiser step
-    (and after the step's checkpoint).
+    (and after the step's checkpoint). ``sets``: the ``(train, val)`` record sets of
+    ``config.records`` where the caller has opened them (:func:`record_sets`), so that
+    their headers are not read twice; None opens them here.
 
     Returns:
         ``steps``, ``images``, ``images_per_s`` (training images over training wall
@@ -393,7 +400,7 @@ def train(config: TrainConfig, *, on_epoch=None, on_step=None) -> dict:
     tmp = None
     try:
         if config.records is not None:
-            train_set, val_set = record_sets(config.records)
+            train_set, val_set = sets if sets is not None else record_sets(config.records)
             return _run(config, device, dist, train_set, val_set, train_set.classes, on_epoch, on_step)
         if config.data is None:
             tmp = tempfile.mkdtemp(prefix="dlbooster-photos-")

@@ -636,7 +636,19 @@ def _cli(*args) -> tuple[int, str, str]:
     return code, out.getvalue(), err.getvalue()
 
 
-def test_cli_write_info_and_train(tmp_path):
+def _counting(monkeypatch, owner, name) -> list:
+    """Count the calls of ``owner.name`` (still called)."""
+    calls, real = [], getattr(owner, name)
+
+    def counted(*args, **kwargs):
+        calls.append(args)
+        return real(*args, **kwargs)
+    monkeypatch.setattr(owner, name, counted)
+    return calls
+
+
+def test_cli_write_info_and_train(tmp_path, monkeypatch):
+    import dlbooster.sources
     src = tmp_path / "data"
     for split, n in (("train", 6), ("val", 4)):
         for c in ("ants", "bees"):
@@ -645,8 +657,11 @@ def test_cli_write_info_and_train(tmp_path):
             for j in range(n // 2):
                 name = ("astronaut.png", "coffee.png", "chelsea.png")[j % 3]
                 (d / f"{j}.jpg").write_bytes(make_jpeg(48 + 8 * j, 40, name=name, subsampling=j % 3))
+    walks = _counting(monkeypatch, dlbooster.sources, "image_folder")
     code, out, err = _cli("records", "write", str(src), str(tmp_path / "rec"), "--images-per-record", "4", "--json")
     assert code == 0, err
+    assert sorted(Path(c[0]).name for c in walks) == ["train", "val"]      # each source walked once
+    monkeypatch.undo()
     reports = json.loads(out)
     assert {Path(k).name for k in reports} == {"train", "val"}
     assert reports[str(tmp_path / "rec" / "train")]["images"] == 6
@@ -705,9 +720,12 @@ def test_cli_write_info_and_train(tmp_path):
     code, out, _ = _cli("records", "info", "--help")
     assert code == 0 and "--sample" in out and "--images-per-record" not in out
 
+    opened = _counting(monkeypatch, R.RecordSet, "__init__")
     code, out, err = _cli("train", "--records", str(tmp_path / "rec"), "--fidelity", "auto", "--steps", "2",
                           "--batch-size", "3", "--image-size", "32", "--json")
     assert code == 0, err
+    assert sorted(Path(c[1]).name for c in opened) == ["train", "val"]     # each set opened once
+    monkeypatch.undo()
     summary = json.loads(out)
     assert summary["records"] == str(tmp_path / "rec") and summary["backend"] == "cpu"
     assert 1 <= summary["fidelity"] <= 10 and summary["fidelity_choice"]["fidelity"] == summary["fidelity"]
