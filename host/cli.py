@@ -589,8 +589,11 @@ def _sigterm_as_interrupt():
     """Within the block, SIGTERM (``kill``, a batch system's time limit) unwinds the main
     thread as Ctrl-C does, so the cleanup that Ctrl-C runs runs too; :func:`main` then
     exits with 143. Only where the main thread waits in Python: a command blocked in a
-    collective would not see it, so ``train`` keeps the default (the process ends)."""
+    collective would not see it, so ``train`` keeps the default (the process ends).
+    A second SIGTERM while the first unwinds is ignored, so it cannot cut the cleanup
+    short (SIGKILL still ends the process)."""
     def terminate(signum, frame):
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
         raise _Terminated
 
     try:
@@ -606,7 +609,7 @@ def _sigterm_as_interrupt():
 
 def _cmd_records(args: argparse.Namespace) -> int:
     from .bench import _table
-    from .records import (RecordError, RecordFile, RecordSet, missing_folders, info, record_paths,
+    from .records import (RecordError, RecordFile, RecordSet, info, make_folders, record_paths,
                           remove_empty_folders, source_classes, write_records)
 
     if args.action == "write":
@@ -646,61 +649,60 @@ def _cmd_records(args: argparse.Namespace) -> int:
             return 2
         reports, lines = {}, []
         written: list[str] = []
-        # Folders this command makes (OUT, OUT/train): a failure removes them again.
-        created = missing_folders(pairs[0][1])
+        made: list[Path] = []
         with _sigterm_as_interrupt():
-            for (source, out), listing in zip(pairs, listings):
-                def show(done, total, name=source.name):
-                    if not args.json and sys.stderr.isatty() and (done == total or done % 50 == 0):
-                        print(f"\r{name}: {done}/{total} images", end="\n" if done == total else "",
-                              file=sys.stderr, flush=True)
-                try:
+            try:
+                # The folders this command makes (OUT, OUT/train): a failure removes them.
+                made = make_folders(pairs[0][1])
+                for (source, out), listing in zip(pairs, listings):
+                    def show(done, total, name=source.name):
+                        if not args.json and sys.stderr.isatty() and (done == total or done % 50 == 0):
+                            print(f"\r{name}: {done}/{total} images", end="\n" if done == total else "",
+                                  file=sys.stderr, flush=True)
                     report = write_records(source, out, images_per_record=args.images_per_record,
                                            verify=not args.no_verify, workers=args.workers, progress=show,
                                            listing=listing)
-                except BaseException as exc:
-                    for path in written:              # train/ without val/ is no data set
-                        Path(path).unlink(missing_ok=True)
-                    remove_empty_folders(created)
-                    if not isinstance(exc, (OSError, RecordError, ValueError)):
-                        raise
-                    removed = f" (the record files written to {pairs[0][1]} are removed)" if written else ""
-                    print(f"dlbooster records write: {exc}{removed}", file=sys.stderr)
-                    return 2
-                written += report.records
-                reports[str(out)] = report.to_json()
-                # Printed once every set is written: a later failure removes this one.
-                lines.append(f"{out}: {report.images} images in {len(report.records)} record file(s), "
-                             f"{report.scans} scan groups; {report.record_bytes:,} bytes "
-                             f"({report.record_bytes / max(report.source_bytes, 1):.3f} of the sources' "
-                             f"{report.source_bytes:,}); {len(report.skipped)} skipped")
-                # A reason names its input already ("PATH: jpegtran failed: ...").
-                lines += [f"  skipped {reason}" if reason.startswith(f"{path}: ") else f"  skipped {path}: {reason}"
-                          for path, reason in report.skipped]
+                    written += report.records
+                    reports[str(out)] = report.to_json()
+                    # Printed once every set is written: a later failure removes this one.
+                    lines.append(f"{out}: {report.images} images in {len(report.records)} record file(s), "
+                                 f"{report.scans} scan groups; {report.record_bytes:,} bytes "
+                                 f"({report.record_bytes / max(report.source_bytes, 1):.3f} of the sources' "
+                                 f"{report.source_bytes:,}); {len(report.skipped)} skipped")
+                    # A reason names its input already ("PATH: jpegtran failed: ...").
+                    lines += [f"  skipped {reason}" if reason.startswith(f"{path}: ")
+                              else f"  skipped {path}: {reason}" for path, reason in report.skipped]
+            except BaseException as exc:
+                for path in written:              # train/ without val/ is no data set
+                    Path(path).unlink(missing_ok=True)
+                remove_empty_folders(made)
+                if not isinstance(exc, (OSError, RecordError, ValueError)):
+                    raise
+                removed = f" (the record files written to {pairs[0][1]} are removed)" if written else ""
+                print(f"dlbooster records write: {exc}{removed}", file=sys.stderr)
+                return 2
         print(json.dumps(reports, indent=1) if args.json else "\n".join(lines))
         return 1 if any(r["skipped"] for r in reports.values()) else 0
     try:
         result = info(RecordSet(args.src), sample=args.sample)
-    except RecordError as exc:
-        # Name every damaged file, not only the first the set stopped at.
+    except (OSError, ValueError) as exc:                # RecordError is a ValueError
+        # Name every damaged (or unreadable) file, not only the first the set stopped at.
+        paths = record_paths(args.src) if os.path.isdir(args.src) else []
         damaged = []
-        for path in record_paths(args.src) if os.path.isdir(args.src) else []:
+        for path in paths:
             try:
                 RecordFile(path)
             except (OSError, RecordError) as bad:
                 damaged.append(str(bad))
-        if len(damaged) > 1:
-            print(f"dlbooster records info: {args.src}: {len(damaged)} of {len(record_paths(args.src))} record "
-                  f"files are damaged:\n" + "\n".join(f"  {d}" for d in damaged), file=sys.stderr)
-        else:
-            print(f"dlbooster records info: {exc}", file=sys.stderr)
-        return 2
-    except (OSError, ValueError) as exc:
         # `records write` makes train/ and val/ sets of a hymenoptera-style folder.
         sets = [name for name in ("train", "val") if os.path.isdir(os.path.join(args.src, name))
                 and record_paths(os.path.join(args.src, name))]
         hint = f"; it holds the record sets {' and '.join(f'{n}/' for n in sets)}: give one" if sets else ""
-        print(f"dlbooster records info: {exc}{hint}", file=sys.stderr)
+        if len(damaged) > 1:
+            print(f"dlbooster records info: {args.src}: {len(damaged)} of {len(paths)} record files are damaged "
+                  f"or unreadable:\n" + "\n".join(f"  {d}" for d in damaged), file=sys.stderr)
+        else:
+            print(f"dlbooster records info: {exc}{hint}", file=sys.stderr)
         return 2
     if args.json:
         print(json.dumps(result, indent=1))

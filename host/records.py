@@ -302,16 +302,16 @@ def write_records(src: str | os.PathLike, out_dir: str | os.PathLike, *, images_
     samples, classes = listing if listing is not None else source_classes(src)
     jpegtran = _jpegtran(jpegtran)
     out = Path(out_dir)
-    created = missing_folders(out)
-    out.mkdir(parents=True, exist_ok=True)
+    made = make_folders(out)
+    moved: list[Path] = []
     try:
+        out.mkdir(parents=True, exist_ok=True)      # OUT a file: FileExistsError, as mkdir -p fails
         with _exclusive(out):
             if record_paths(out):
                 raise FileExistsError(f"{out}: already holds record files")
             for stale in out.glob(_STAGING + "*"):   # a killed write's (none runs: we hold the lock)
                 shutil.rmtree(stale, ignore_errors=True)
             stage = Path(tempfile.mkdtemp(prefix=_STAGING, dir=out))
-            moved: list[str] = []
             try:
                 report = _write_set(samples, classes, os.path.abspath(src), out, stage, images_per_record,
                                     verify, workers, jpegtran, progress)
@@ -321,27 +321,47 @@ def write_records(src: str | os.PathLike, out_dir: str | os.PathLike, *, images_
                     raise RecordError(f"{src}: no image could be stored, all {len(report.skipped)} were skipped "
                                       f"(the first: {reason})")
                 for name in sorted(os.listdir(stage)):
+                    moved.append(out / name)             # listed first: an interrupt after the rename finds it
                     os.replace(stage / name, out / name)
-                    moved.append(name)
-            except BaseException:
-                for name in moved:                       # a part of the set is no set
-                    (out / name).unlink(missing_ok=True)
-                raise
             finally:
                 shutil.rmtree(stage, ignore_errors=True)
+        return report
     except BaseException:
-        remove_empty_folders(created)
+        # Also an interrupt while the lock is released: a part of the set is no set.
+        for path in moved:
+            path.unlink(missing_ok=True)
+        remove_empty_folders(made)
         raise
-    return report
 
 
-def missing_folders(folder: Path) -> list[Path]:
-    """``folder`` and those of its parents that do not exist, deepest first."""
-    missing = []
-    while not (folder.exists() or folder.is_symlink()) and folder != folder.parent:
-        missing.append(folder)
-        folder = folder.parent
-    return missing
+def make_folders(folder: Path) -> list[Path]:
+    """Make ``folder`` and its missing parents, as ``mkdir -p`` does, one ``mkdir`` at a
+    time on the path as given (so ``..`` resolves as every later call resolves it).
+
+    Returns:
+        The folders this call made, deepest first (not those that existed, nor those
+        another process made meanwhile): what :func:`remove_empty_folders` may remove.
+
+    Raises:
+        OSError: a part cannot be made (a file in the way, no permission); what this
+            call made before is removed again.
+    """
+    made: list[Path] = []
+    try:
+        for part in reversed([folder, *folder.parents]):       # outermost first
+            try:
+                os.mkdir(part)
+            except FileExistsError:
+                continue
+            except OSError:
+                if part.is_dir():       # e.g. EACCES or EROFS for a folder that exists
+                    continue
+                raise
+            made.append(part)
+    except BaseException:
+        remove_empty_folders(made[::-1])
+        raise
+    return made[::-1]
 
 
 def remove_empty_folders(folders: list[Path]) -> None:

@@ -1012,6 +1012,92 @@ def test_records_info_names_every_damaged_file(tmp_path):
         path.write_bytes(bytes(data))
     code, out, err = _cli("records", "info", str(rec))
     assert (code, out) == (2, "")
-    assert err == (f"dlbooster records info: {rec}: 2 of {len(files)} record files are damaged:\n"
+    assert err == (f"dlbooster records info: {rec}: 2 of {len(files)} record files are damaged or unreadable:\n"
                    f"  {files[0]}: not a dlbooster record (bad magic)\n"
                    f"  {files[2]}: not a dlbooster record (bad magic)\n")
+
+
+def test_make_folders_records_only_what_it_made(tmp_path, monkeypatch):
+    """``OUT = new/../userdir`` with ``userdir`` already there: the failed write took
+    ``userdir`` for a folder it had made and removed it (and left ``new``). Only what
+    this write's own ``mkdir`` calls made is removed."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "userdir").mkdir()
+    src = tmp_path / "bad" / "c"
+    src.mkdir(parents=True)
+    (src / "0.jpg").write_bytes(b"\xff\xd8 not a JPEG")
+    with pytest.raises(R.RecordError, match="no image could be stored"):
+        R.write_records(tmp_path / "bad", Path("new/../userdir"))
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["bad", "userdir"]
+    assert R.make_folders(Path("a/b/../c")) == [Path("a/b/../c"), Path("a/b"), Path("a")]
+    assert R.make_folders(Path("a/b/../c")) == []
+    (tmp_path / "afile").write_text("")
+    with pytest.raises(NotADirectoryError):
+        R.make_folders(Path("x/y/../../afile/q"))      # makes x and x/y, then meets the file
+    assert not (tmp_path / "x").exists()        # what it made before the failure is removed
+
+
+def test_an_interrupt_as_the_write_releases_its_lock_leaves_no_record_file(tmp_path, monkeypatch):
+    """Ctrl-C after the files were renamed into place, while the lock was released, left
+    the whole set behind though the write raised (so a train/val caller, which never got
+    the report, could not remove it). The interrupt is raised where the lock is released."""
+    import contextlib
+
+    real = R._exclusive
+
+    @contextlib.contextmanager
+    def interrupted_on_release(out):
+        with real(out):
+            yield
+        raise KeyboardInterrupt
+    monkeypatch.setattr(R, "_exclusive", interrupted_on_release)
+    src = _folder(tmp_path / "src")
+    with pytest.raises(KeyboardInterrupt):
+        R.write_records(src, tmp_path / "out", images_per_record=2)
+    assert not (tmp_path / "out").exists()
+
+
+def test_an_interrupt_between_the_train_and_val_sets_removes_train(tmp_path, monkeypatch):
+    """Ctrl-C after train/'s set was written, while the command recorded it, left
+    train/ without val/; the whole pass over the sets is now covered."""
+    src = tmp_path / "data"
+    _folder(src / "train")
+    _folder(src / "val")
+
+    def interrupted(self):
+        raise KeyboardInterrupt
+    monkeypatch.setattr(R.WriteReport, "to_json", interrupted)
+    code, out, err = _cli("records", "write", str(src), str(tmp_path / "rec"))
+    assert (code, out, err) == (130, "", "dlbooster records write: interrupted\n")
+    assert not (tmp_path / "rec").exists()
+
+
+def test_a_second_sigterm_does_not_cut_the_cleanup_short(tmp_path):
+    """Batch systems and impatient users send SIGTERM again; the second one, arriving
+    while the first unwinds, ended the cleanup half way and left train/'s records. Both
+    signals are real, sent by the process to itself: the first part way through val/,
+    the second as the command starts removing what it made."""
+    import subprocess
+    import sys
+
+    src = tmp_path / "data"
+    _folder(src / "train")
+    _folder(src / "val")
+    out = tmp_path / "rec"
+    code = ("import os, signal, sys\n"
+            "from dlbooster import records\n"
+            "from dlbooster.cli import main\n"
+            "prepare, remove, seen = records._prepare, records.remove_empty_folders, []\n"
+            "def prepare_then_kill(*args):\n"
+            "    seen.append(1)\n"
+            f"    if len(seen) == {len(VARIANTS) + 2}:\n"
+            "        os.kill(os.getpid(), signal.SIGTERM)\n"
+            "    return prepare(*args)\n"
+            "def kill_then_remove(folders):\n"
+            "    os.kill(os.getpid(), signal.SIGTERM)\n"
+            "    return remove(folders)\n"
+            "records._prepare, records.remove_empty_folders = prepare_then_kill, kill_then_remove\n"
+            f"sys.exit(main(['records', 'write', {str(src)!r}, {str(out)!r}, '--workers', '1']))\n")
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert (run.returncode, run.stdout, run.stderr) == (143, "", "dlbooster records write: terminated\n")
+    assert not out.exists()
