@@ -590,8 +590,8 @@ def _sigterm_as_interrupt():
     thread as Ctrl-C does, so the cleanup that Ctrl-C runs runs too; :func:`main` then
     exits with 143. Only where the main thread waits in Python: a command blocked in a
     collective would not see it, so ``train`` keeps the default (the process ends).
-    A second SIGTERM while the first unwinds is ignored, so it cannot cut the cleanup
-    short (SIGKILL still ends the process)."""
+    A second SIGTERM while the first unwinds is ignored (SIGKILL still ends the
+    process); the cleanups also hold signals off (:func:`dlbooster.records.signals_held`)."""
     def terminate(signum, frame):
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
         raise _Terminated
@@ -610,7 +610,7 @@ def _sigterm_as_interrupt():
 def _cmd_records(args: argparse.Namespace) -> int:
     from .bench import _table
     from .records import (RecordError, RecordFile, RecordSet, info, make_folders, record_paths,
-                          remove_empty_folders, source_classes, write_records)
+                          remove_empty_folders, signals_held, source_classes, write_records)
 
     if args.action == "write":
         src = Path(args.src)
@@ -673,9 +673,10 @@ def _cmd_records(args: argparse.Namespace) -> int:
                     lines += [f"  skipped {reason}" if reason.startswith(f"{path}: ")
                               else f"  skipped {path}: {reason}" for path, reason in report.skipped]
             except BaseException as exc:
-                for path in written:              # train/ without val/ is no data set
-                    Path(path).unlink(missing_ok=True)
-                remove_empty_folders(made)
+                with signals_held():
+                    for path in written:          # train/ without val/ is no data set
+                        Path(path).unlink(missing_ok=True)
+                    remove_empty_folders(made)
                 if not isinstance(exc, (OSError, RecordError, ValueError)):
                     raise
                 removed = f" (the record files written to {pairs[0][1]} are removed)" if written else ""

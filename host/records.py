@@ -51,6 +51,7 @@ import numbers
 import os
 import re
 import shutil
+import signal
 import stat
 import struct
 import subprocess
@@ -324,27 +325,31 @@ def write_records(src: str | os.PathLike, out_dir: str | os.PathLike, *, images_
                     moved.append(out / name)             # listed first: an interrupt after the rename finds it
                     os.replace(stage / name, out / name)
             finally:
-                shutil.rmtree(stage, ignore_errors=True)
+                with signals_held():
+                    shutil.rmtree(stage, ignore_errors=True)
         return report
     except BaseException:
         # Also an interrupt while the lock is released: a part of the set is no set.
-        for path in moved:
-            path.unlink(missing_ok=True)
-        remove_empty_folders(made)
+        with signals_held():
+            for path in moved:
+                path.unlink(missing_ok=True)
+            remove_empty_folders(made)
         raise
 
 
 def make_folders(folder: Path) -> list[Path]:
-    """Make ``folder`` and its missing parents, as ``mkdir -p`` does, one ``mkdir`` at a
-    time on the path as given (so ``..`` resolves as every later call resolves it).
+    """Make ``folder`` and its missing parents, one ``mkdir`` at a time on the path as
+    given (so ``..`` resolves as every later call resolves it). Unlike ``mkdir -p``, a
+    ``folder`` that exists as a file or a dangling link is no error here: the caller's
+    next use of it fails.
 
     Returns:
         The folders this call made, deepest first (not those that existed, nor those
         another process made meanwhile): what :func:`remove_empty_folders` may remove.
 
     Raises:
-        OSError: a part cannot be made (a file in the way, no permission); what this
-            call made before is removed again.
+        OSError: a part cannot be made (a file in the way of a deeper part, no
+            permission); what this call made before is removed again.
     """
     made: list[Path] = []
     try:
@@ -359,9 +364,34 @@ def make_folders(folder: Path) -> list[Path]:
                 raise
             made.append(part)
     except BaseException:
-        remove_empty_folders(made[::-1])
+        with signals_held():
+            remove_empty_folders(made[::-1])
         raise
     return made[::-1]
+
+
+@contextlib.contextmanager
+def signals_held():
+    """Hold SIGINT and SIGTERM off for the block, a cleanup that a second Ctrl-C or
+    ``kill`` must not cut short; one that arrives meanwhile is raised again as the block
+    ends, under the handler it would have met (so Ctrl-C still ends the command).
+    Python runs signal handlers in the main thread only: elsewhere there is nothing to
+    hold."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    arrived: list[int] = []
+    previous = {}
+    try:
+        for number in (signal.SIGINT, signal.SIGTERM):
+            previous[number] = signal.signal(number, lambda signum, frame: arrived.append(signum))
+        yield
+    finally:
+        for number, handler in previous.items():
+            # None: a handler not set from Python, which cannot be put back; the default then.
+            signal.signal(number, signal.SIG_DFL if handler is None else handler)
+        if arrived:
+            signal.raise_signal(arrived[0])
 
 
 def remove_empty_folders(folders: list[Path]) -> None:

@@ -1101,3 +1101,45 @@ def test_a_second_sigterm_does_not_cut_the_cleanup_short(tmp_path):
     run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
     assert (run.returncode, run.stdout, run.stderr) == (143, "", "dlbooster records write: terminated\n")
     assert not out.exists()
+
+
+@pytest.mark.parametrize("first", ["SIGINT", "ENOSPC"])
+def test_a_sigterm_during_the_cleanup_of_another_stop_is_held(tmp_path, first):
+    """A SIGTERM arriving while the command cleaned up after Ctrl-C, or after an error,
+    stopped the cleanup and left train/'s records. Signals are held off the cleanup
+    and raised once it is done: exit 143, nothing left. The signals are real, sent by
+    the process to itself; the full disk is an ``OSError`` raised where val/'s record
+    file is written."""
+    import subprocess
+    import sys
+
+    src = tmp_path / "data"
+    _folder(src / "train")
+    _folder(src / "val")
+    out = tmp_path / "rec"
+    stop = ("def prepare_then_stop(*args):\n"
+            "    seen.append(1)\n"
+            f"    if len(seen) == {len(VARIANTS) + 2}:\n"
+            "        os.kill(os.getpid(), signal.SIGINT)\n"
+            "    return prepare(*args)\n"
+            "records._prepare = prepare_then_stop\n"
+            if first == "SIGINT" else
+            "def full_disk(path, final, *args):\n"
+            "    if final.parent.name == 'val':\n"
+            "        raise OSError(28, 'No space left on device', str(final))\n"
+            "    return write_file(path, final, *args)\n"
+            "records._write_file = full_disk\n")
+    code = ("import os, signal, sys\n"
+            "from dlbooster import records\n"
+            "from dlbooster.cli import main\n"
+            "prepare, write_file, remove, seen = (records._prepare, records._write_file, "
+            "records.remove_empty_folders, [])\n"
+            + stop +
+            "def kill_then_remove(folders):\n"
+            "    os.kill(os.getpid(), signal.SIGTERM)\n"
+            "    return remove(folders)\n"
+            "records.remove_empty_folders = kill_then_remove\n"
+            f"sys.exit(main(['records', 'write', {str(src)!r}, {str(out)!r}, '--workers', '1']))\n")
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert (run.returncode, run.stdout, run.stderr) == (143, "", "dlbooster records write: terminated\n")
+    assert not out.exists()
