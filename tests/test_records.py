@@ -968,28 +968,49 @@ def test_a_write_that_stores_no_image_fails_and_leaves_no_folder(tmp_path):
     assert not (tmp_path / "deep").exists()
 
 
+def _write_in_child(src: Path, out: Path, patches: str):
+    """``dlbooster records write SRC OUT --workers 1`` in a child Python after
+    ``patches`` (source text run first; ``records``, ``os``, ``signal`` and the originals
+    ``prepare``, ``write_file`` and ``remove`` are in scope) so that it signals itself
+    at a chosen point."""
+    import subprocess
+    import sys
+
+    code = ("import os, signal, sys\n"
+            "from dlbooster import records\n"
+            "from dlbooster.cli import main\n"
+            "prepare, write_file, remove = records._prepare, records._write_file, records.remove_empty_folders\n"
+            + patches +
+            f"sys.exit(main(['records', 'write', {str(src)!r}, {str(out)!r}, '--workers', '1']))\n")
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+
+
+def _signal_at_image(n: int, name: str) -> str:
+    """Patch text: the process sends itself signal ``name`` as image ``n`` is prepared."""
+    return ("seen = []\n"
+            "def prepare_and_signal(*args):\n"
+            "    seen.append(1)\n"
+            f"    if len(seen) == {n}:\n"
+            f"        os.kill(os.getpid(), signal.{name})\n"
+            "    return prepare(*args)\n"
+            "records._prepare = prepare_and_signal\n")
+
+
+#: Patch text: SIGTERM as the command starts removing the folders it made.
+_SIGTERM_AT_CLEANUP = ("def kill_then_remove(folders):\n"
+                       "    os.kill(os.getpid(), signal.SIGTERM)\n"
+                       "    return remove(folders)\n"
+                       "records.remove_empty_folders = kill_then_remove\n")
+
+
 def test_sigterm_during_a_write_is_handled_as_ctrl_c(tmp_path):
     """``kill`` (SIGTERM) during ``records write`` ended the process at once and left its
     staging folder and lock; it now unwinds as Ctrl-C does: one line, exit 143, no
     record file and no folder the command made. The signal is real, sent by the
     process to itself part way through the images."""
-    import subprocess
-    import sys
-
     src = _folder(tmp_path / "src")
     out = tmp_path / "out"
-    code = ("import os, signal, sys\n"
-            "from dlbooster import records\n"
-            "from dlbooster.cli import main\n"
-            "prepare, seen = records._prepare, []\n"
-            "def slow(*args):\n"
-            "    seen.append(1)\n"
-            "    if len(seen) == 3:\n"
-            "        os.kill(os.getpid(), signal.SIGTERM)\n"
-            "    return prepare(*args)\n"
-            "records._prepare = slow\n"
-            f"sys.exit(main(['records', 'write', {str(src)!r}, {str(out)!r}, '--workers', '1']))\n")
-    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    run = _write_in_child(src, out, _signal_at_image(3, "SIGTERM"))
     assert (run.returncode, run.stdout, run.stderr) == (143, "", "dlbooster records write: terminated\n")
     assert not out.exists()
     # In process, the CLI puts back the SIGTERM handler it found.
@@ -1077,28 +1098,11 @@ def test_a_second_sigterm_does_not_cut_the_cleanup_short(tmp_path):
     while the first unwinds, ended the cleanup half way and left train/'s records. Both
     signals are real, sent by the process to itself: the first part way through val/,
     the second as the command starts removing what it made."""
-    import subprocess
-    import sys
-
     src = tmp_path / "data"
     _folder(src / "train")
     _folder(src / "val")
     out = tmp_path / "rec"
-    code = ("import os, signal, sys\n"
-            "from dlbooster import records\n"
-            "from dlbooster.cli import main\n"
-            "prepare, remove, seen = records._prepare, records.remove_empty_folders, []\n"
-            "def prepare_then_kill(*args):\n"
-            "    seen.append(1)\n"
-            f"    if len(seen) == {len(VARIANTS) + 2}:\n"
-            "        os.kill(os.getpid(), signal.SIGTERM)\n"
-            "    return prepare(*args)\n"
-            "def kill_then_remove(folders):\n"
-            "    os.kill(os.getpid(), signal.SIGTERM)\n"
-            "    return remove(folders)\n"
-            "records._prepare, records.remove_empty_folders = prepare_then_kill, kill_then_remove\n"
-            f"sys.exit(main(['records', 'write', {str(src)!r}, {str(out)!r}, '--workers', '1']))\n")
-    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    run = _write_in_child(src, out, _signal_at_image(len(VARIANTS) + 2, "SIGTERM") + _SIGTERM_AT_CLEANUP)
     assert (run.returncode, run.stdout, run.stderr) == (143, "", "dlbooster records write: terminated\n")
     assert not out.exists()
 
@@ -1110,36 +1114,16 @@ def test_a_sigterm_during_the_cleanup_of_another_stop_is_held(tmp_path, first):
     and raised once it is done: exit 143, nothing left. The signals are real, sent by
     the process to itself; the full disk is an ``OSError`` raised where val/'s record
     file is written."""
-    import subprocess
-    import sys
-
     src = tmp_path / "data"
     _folder(src / "train")
     _folder(src / "val")
     out = tmp_path / "rec"
-    stop = ("def prepare_then_stop(*args):\n"
-            "    seen.append(1)\n"
-            f"    if len(seen) == {len(VARIANTS) + 2}:\n"
-            "        os.kill(os.getpid(), signal.SIGINT)\n"
-            "    return prepare(*args)\n"
-            "records._prepare = prepare_then_stop\n"
-            if first == "SIGINT" else
+    stop = (_signal_at_image(len(VARIANTS) + 2, "SIGINT") if first == "SIGINT" else
             "def full_disk(path, final, *args):\n"
             "    if final.parent.name == 'val':\n"
             "        raise OSError(28, 'No space left on device', str(final))\n"
             "    return write_file(path, final, *args)\n"
             "records._write_file = full_disk\n")
-    code = ("import os, signal, sys\n"
-            "from dlbooster import records\n"
-            "from dlbooster.cli import main\n"
-            "prepare, write_file, remove, seen = (records._prepare, records._write_file, "
-            "records.remove_empty_folders, [])\n"
-            + stop +
-            "def kill_then_remove(folders):\n"
-            "    os.kill(os.getpid(), signal.SIGTERM)\n"
-            "    return remove(folders)\n"
-            "records.remove_empty_folders = kill_then_remove\n"
-            f"sys.exit(main(['records', 'write', {str(src)!r}, {str(out)!r}, '--workers', '1']))\n")
-    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    run = _write_in_child(src, out, stop + _SIGTERM_AT_CLEANUP)
     assert (run.returncode, run.stdout, run.stderr) == (143, "", "dlbooster records write: terminated\n")
     assert not out.exists()
