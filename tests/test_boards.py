@@ -80,3 +80,41 @@ def test_cli_board_build(tmp_path, capsys):
                  "--max-width", "256"]) == 0
     assert (tmp_path / "z" / "build.tcl").is_file()
     assert "zcu104" in capsys.readouterr().out
+
+
+def test_board_build_refusals_and_fit_warning(tmp_path, capsys):
+    """A PYNQ-Z2 build took the device's 8192-pixel default and any lane count without a
+    word, --lint and --data-width were ignored with --board, and --max-width had no
+    bound (70000 elaborated for minutes). Board builds now default to 2048 pixels and
+    warn when the lanes will likely not fit the part; the rest is refused at once."""
+    from dlbooster.cli import main
+    from dlbooster.hw.device import Device
+    from dlbooster.hw.synth import fit_problem
+
+    out = str(tmp_path / "p")
+    assert main(["build", "--board", "pynq-z2", "--out", out, "--lint"]) == 2
+    assert capsys.readouterr().err == ("dlbooster build: --lint goes with --verilog; --check validates a board "
+                                       "folder, lint included\n")
+    assert main(["build", "--board", "pynq-z2", "--out", out, "--data-width", "512"]) == 2
+    assert "pynq-z2's memory port is 64 bits" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as exc:
+        main(["build", "--board", "pynq-z2", "--out", out, "--max-width", "70000"])
+    assert exc.value.code == 2 and "--max-width: must be at most 65535, not 70000" in capsys.readouterr().err
+    with pytest.raises(ValueError, match="max_width is 1 to 65535 pixels, not 70000"):
+        Device(max_width=70000)
+    assert not (tmp_path / "p").exists()
+    # Two lanes at the default width: warned before anything is built (the folder here
+    # cannot be made, so nothing is).
+    (tmp_path / "afile").write_text("")
+    assert main(["build", "--board", "pynq-z2", "--out", str(tmp_path / "afile" / "p"), "--lanes", "2"]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("dlbooster build: warning: 2 lane(s) at 2048-pixel line buffers need about 145 BRAM36, "
+                          "more than the 80 % of the xc7z020 a design may use (112 BRAM36)"), err
+    assert "1 lane(s) fit at 2048 pixels; 2 lane(s) fit at up to 1576 pixels (--max-width)" in err
+    # What the issue-9 projection found (docs/benchmarks.md): one 2048-pixel lane fits
+    # the PYNQ-Z2, three the ZCU104; an 8192-pixel lane fits neither.
+    assert fit_problem("pynq-z2", 1, 2048) is None and fit_problem("zcu104", 3, 2048) is None
+    assert fit_problem("zcu104", 4, 2048) is not None
+    assert "none fits at 8192 pixels" in fit_problem("pynq-z2", 1, 8192)
+    assert "none fits at 8192 pixels" in fit_problem("zcu104", 1, 8192)
+    assert fit_problem("alveo-u50", 1, 8192) is None
