@@ -312,12 +312,13 @@ def open_board(board: str, binary: str | Path) -> DecoderDevice:
         raise BoardError(f"unknown board {board!r}; choose from {', '.join(BOARDS)}")
     binary = Path(binary)
     if not binary.is_file():
-        raise BoardError(f"{binary}: no such file")
+        what = "a folder" if binary.is_dir() else "not a regular file" if binary.exists() else "no such file"
+        raise BoardError(f"{binary}: {what}; give the .bit (its .hwh beside it) or the .xclbin")
     spec = BOARDS[board]
     if spec.kind == "alveo" and binary.suffix != ".xclbin":
         raise BoardError(f"{board} loads an .xclbin (v++ links one from `dlbooster build --board {board}`), "
                          f"not {binary.name}")
-    if spec.kind == "pynq" and binary.suffix == ".xclbin":
+    if spec.kind == "pynq" and binary.suffix != ".bit":
         raise BoardError(f"{board} loads a .bit with its .hwh beside it (`dlbooster build --board {board}`), "
                          f"not {binary.name}")
     if spec.kind == "alveo":

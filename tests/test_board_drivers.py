@@ -33,6 +33,12 @@ def test_bad_board_and_missing_files(tmp_path):
         open_board("alveo-u50", tmp_path / "x.bit")
     with pytest.raises(BoardError, match=r"pynq-z2 loads a \.bit with its \.hwh .* not x\.xclbin"):
         open_board("pynq-z2", tmp_path / "x.xclbin")
+    # A file without the suffix is named as such, not by its missing .hwh; a folder as a folder.
+    (tmp_path / "afile").write_bytes(b"\0")
+    with pytest.raises(BoardError, match=r"pynq-z2 loads a \.bit with its \.hwh .* not afile$"):
+        open_board("pynq-z2", tmp_path / "afile")
+    with pytest.raises(BoardError, match=r": a folder; give the \.bit \(its \.hwh beside it\) or the \.xclbin$"):
+        open_board("pynq-z2", tmp_path)
 
 
 @no_drivers
