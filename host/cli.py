@@ -264,6 +264,12 @@ def _cmd_board_build(args: argparse.Namespace) -> int:
         return 1
     print(f"{args.out}: {board.name} ({board.part}), {args.lanes} lane(s), {args.max_width}-pixel line buffers, "
           f"{board.data_width}-bit AXI4 master; " + ", ".join(p.name for p in written))
+    # Another board's scripts left by an earlier build into the same folder would mix.
+    stale = [name for name in ("build.tcl", "kernel.xml", "package_xo.tcl", "link.cfg")
+             if (Path(args.out) / name).exists() and Path(args.out) / name not in written]
+    if stale:
+        print(f"dlbooster build: warning: {args.out} also holds {', '.join(stale)} from an earlier build for "
+              f"another board; they do not belong to this {board.name} build (remove them)", file=sys.stderr)
     print(f"next: see {Path(args.out) / 'README.md'}")
     if not args.check:
         return 0

@@ -79,7 +79,14 @@ def test_cli_board_build(tmp_path, capsys):
     assert main(["build", "--board", "zcu104", "--out", str(tmp_path / "z"), "--lanes", "1",
                  "--max-width", "256"]) == 0
     assert (tmp_path / "z" / "build.tcl").is_file()
-    assert "zcu104" in capsys.readouterr().out
+    captured = capsys.readouterr()
+    assert "zcu104" in captured.out and captured.err == "dlbooster build: --board needs --out DIR\n"
+    # An Alveo build's scripts in the folder would mix with this one: named.
+    (tmp_path / "z" / "kernel.xml").write_text("<root/>")
+    assert main(["build", "--board", "zcu104", "--out", str(tmp_path / "z"), "--max-width", "256"]) == 0
+    assert capsys.readouterr().err == (f"dlbooster build: warning: {tmp_path / 'z'} also holds kernel.xml from an "
+                                       f"earlier build for another board; they do not belong to this zcu104 build "
+                                       f"(remove them)\n")
 
 
 def test_board_build_refusals_and_fit_warning(tmp_path, capsys):
