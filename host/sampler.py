@@ -140,6 +140,12 @@ def dist_env() -> tuple[int, int]:
     return rank, world_size
 
 
+def _dist_known(name: str) -> bool:
+    """Whether an initialised process group or the environment variable gives ``name``."""
+    dist = sys.modules.get("torch.distributed")
+    return bool(dist is not None and dist.is_available() and dist.is_initialized()) or name in os.environ
+
+
 def _dist_one(name: str) -> int:
     """``RANK`` or ``WORLD_SIZE`` alone, for a caller that gave the other: the process
     group's, else the environment variable's, else the single process's (0 or 1).
@@ -174,14 +180,17 @@ class ShardSampler:
         drop_last: drop the tail that does not divide evenly instead of padding.
         rank, world_size: this process's place; ``None`` takes both from
             :func:`dist_env`; one given and the other ``None`` reads only the missing
-            one (the process group's, else its environment variable, else 0 or 1).
+            one (the process group's, else its environment variable, else 0 or 1;
+            a ``world_size`` above 1 with no rank anywhere is an error).
 
     Attributes:
         epoch: the current epoch (0 until :meth:`set_epoch`).
         rank, world_size, length, seed, shuffle, drop_last: as given.
 
     Raises:
-        ValueError: as :func:`shard_indices`, or from :func:`dist_env`.
+        ValueError: as :func:`shard_indices`, or from :func:`dist_env`; a
+            ``world_size`` above 1 given without a rank where no process group or
+            ``RANK`` gives one.
     """
 
     def __init__(self, length: int, *, seed: int = 0, shuffle: bool = True,
@@ -190,6 +199,10 @@ class ShardSampler:
         if rank is None and world_size is None:
             rank, world_size = dist_env()
         elif rank is None:
+            if world_size > 1 and not _dist_known("RANK"):
+                # Every process would take shard 0 (DistributedSampler raises here too).
+                raise ValueError(f"world_size {world_size} without a rank: give rank, or run under torchrun "
+                                 f"(RANK) or in an initialised process group")
             rank = _dist_one("RANK")
         elif world_size is None:
             world_size = _dist_one("WORLD_SIZE")

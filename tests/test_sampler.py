@@ -186,6 +186,12 @@ def test_an_explicit_value_reads_only_the_other_variable(monkeypatch):
     monkeypatch.setenv("RANK", "1")
     monkeypatch.delenv("WORLD_SIZE")
     assert (ShardSampler(10, world_size=2).rank, ShardSampler(10, rank=0).world_size) == (1, 1)
+    # A world size above 1 with no rank anywhere put every process on shard 0;
+    # DistributedSampler(num_replicas=2) raises here too.
+    monkeypatch.delenv("RANK")
+    with pytest.raises(ValueError, match="world_size 2 without a rank: give rank, or run under torchrun"):
+        ShardSampler(10, world_size=2)
+    assert ShardSampler(10, world_size=1).rank == 0
 
 
 def test_shard_sampler_rejects_bad_rank():
