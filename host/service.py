@@ -585,7 +585,7 @@ class DecodeService:
             its :class:`~dlbooster.device.DecoderDevice`; others decode on the CPU workers.
         cpu_workers: threads of the CPU pool (CPU decodes and fallbacks; with a CPU
             backend also reading and parsing);
-            default: the process's CPU count.
+            default: the process's CPU count. Below 1: ``ValueError``.
         device_queue: batch shares (task lists) waiting per device before submitters
             block (back-pressure).
         backend_options: passed to :func:`~dlbooster.backends.get_backend` with a name.
@@ -595,6 +595,8 @@ class DecodeService:
 
     def __init__(self, backend: Any = "auto", *, cpu_workers: int | None = None,
                  device_queue: int = 4, **backend_options: Any):
+        if cpu_workers is not None and cpu_workers < 1:      # 0 read as "all cores" before
+            raise ValueError(f"cpu_workers must be at least 1 (None: one per core), not {cpu_workers}")
         self._owns_backend = isinstance(backend, str)
         self.backend = get_backend(backend, **backend_options) if self._owns_backend else backend
         self.backend_name = self.backend.name

@@ -433,6 +433,9 @@ def test_bad_policy_arguments():
             make_loader([("x.jpg", 0)], size)
     with pytest.raises(ValueError, match="does not fit in int64"):   # found at once, not mid-epoch
         make_loader([("x.jpg", 2**63)], 1)
+    for workers in (0, -1):                     # 0 was read as "every core"
+        with pytest.raises(ValueError, match=f"cpu_workers must be at least 1 .*not {workers}"):
+            make_loader([("x.jpg", 0)], 1, cpu_workers=workers)
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks a machine without CUDA")
