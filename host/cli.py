@@ -71,6 +71,17 @@ def _torch_device(text: str) -> str:
     raise argparse.ArgumentTypeError(f"give cpu, cuda or cuda:N, not {text!r}")
 
 
+def _positive_number(text: str) -> float:
+    """argparse type: a finite number above 0."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+    if not 0 < value < float("inf"):
+        raise argparse.ArgumentTypeError(f"must be a finite number above 0, not {text}")
+    return value
+
+
 def _fidelity(text: str) -> int | str:
     """argparse type: ``auto`` or a number of scans (at least 1)."""
     return text if text == "auto" else _integer_in(1)(text)
@@ -474,6 +485,9 @@ def _cmd_predict(args: argparse.Namespace) -> int:
         return False
 
     image_size = args.image_size or (128 if args.action == "validate" else 224)
+    if args.json not in (None, "-") and not Path(args.json).parent.is_dir():      # before minutes of work
+        print(f"dlbooster predict: --json {args.json}: no such folder {Path(args.json).parent}", file=sys.stderr)
+        return 2
     if args.action == "calibrate":
         if args.device not in ("cpu", "cuda"):
             print(f"dlbooster predict: calibrate measures --device cpu or cuda, not {args.device!r}",
@@ -496,8 +510,20 @@ def _cmd_predict(args: argparse.Namespace) -> int:
                   f"predicted {r['predicted_s']:.3f} s  error {r['error_pct']:.1f} %", file=sys.stderr)
 
         models = args.models.split(",")
-        batches = [int(b) for b in args.batch_sizes.split(",")]
-        procs = [int(p) for p in args.procs_list.split(",")]
+        try:
+            batches = [_positive(b) for b in args.batch_sizes.split(",")]
+            procs = [_positive(p) for p in args.procs_list.split(",")]
+        except argparse.ArgumentTypeError as err:
+            print(f"dlbooster predict: --batch-sizes and --procs-list are whole numbers above 0 separated by "
+                  f"commas: {err}", file=sys.stderr)
+            return 2
+        if args.device != "cpu":
+            import torch
+
+            if not torch.cuda.is_available():       # found now, not after a minute of tracing
+                print(f"dlbooster predict: validate --device {args.device} measures a CUDA GPU, and PyTorch finds "
+                      f"none here; without --device it measures this machine's CPU", file=sys.stderr)
+                return 2
         try:
             report = validate(models, batches, procs=procs, image_size=image_size,
                               iterations=args.iterations, rounds=args.rounds,
@@ -955,7 +981,7 @@ def _parser() -> argparse.ArgumentParser:
                                                    "v100, h100, t4, a calibrated name or a JSON file; "
                                                    "calibrate: cpu or cuda; validate: a GPU profile "
                                                    "is validated by training on the current GPU")
-    p.add_argument("--network", type=float, metavar="GBPS", help="inter-node bandwidth, Gbit/s")
+    p.add_argument("--network", type=_positive_number, metavar="GBPS", help="inter-node bandwidth, Gbit/s")
     p.add_argument("--decoder", metavar="LANESxMHZ|cpu:CORES", help="input pipeline per node")
     p.add_argument("--backward", choices=("autograd", "split"), default="autograd")
     p.add_argument("--json", nargs="?", const="-", metavar="FILE", help="print the result as JSON (or write FILE)")

@@ -260,10 +260,16 @@ def workload(model: str, batch_size: int, *, image_size: int = 224, num_classes:
         while they are built.
 
     Raises:
-        ValueError: not a torchvision classification model.
+        ValueError: not a torchvision classification model; ``batch_size`` or
+            ``image_size`` not a whole number above 0; a model that cannot run at
+            ``image_size`` (too small for its pooling, or a fixed input size).
     """
     import torch
     from torch.utils._python_dispatch import TorchDispatchMode
+
+    for name, value in (("batch_size", batch_size), ("image_size", image_size)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ValueError(f"{name} must be a whole number above 0, not {value!r}")
 
     try:
         with torch.device("meta"):
@@ -297,7 +303,11 @@ def workload(model: str, batch_size: int, *, image_size: int = 224, num_classes:
     y = torch.zeros(batch_size, dtype=torch.long, device="meta")
     optimizer = torch.optim.SGD(params, lr=0.1, momentum=momentum, weight_decay=weight_decay, foreach=foreach)
     # A first step outside the recording creates the momentum buffers (a one-off clone).
-    net(x).sum().backward()
+    try:
+        net(x).sum().backward()
+    except (RuntimeError, AssertionError, ValueError) as exc:    # e.g. a map pooled below 1x1
+        raise ValueError(f"{model} does not run on {image_size}x{image_size}-pixel images ({exc}); "
+                         f"give another image size") from None
     optimizer.step()
     optimizer.zero_grad(set_to_none=True)
     with Recorder():
@@ -1015,33 +1025,143 @@ def load_profile(name: str, *, procs: int = 1) -> Profile:
 
     Raises:
         FileNotFoundError: no such profile (run ``dlbooster predict calibrate``).
+        ValueError: the file is not JSON or not a profile (:func:`profile_from_json`).
     """
     if name in SHIPPED_PROFILES:
         return SHIPPED_PROFILES[name]()
     path = Path(name)
-    if not path.suffix:
+    if not path.suffix and os.sep not in name and not path.is_file():     # a calibrated profile's name
         path = profile_dir() / f"{f'cpu-p{procs}' if name == 'cpu' else name}.json"
     if not path.exists():
-        raise FileNotFoundError(f"no device profile {name!r} ({path}); run `dlbooster predict calibrate"
-                                f"{f' --procs {procs}' if name == 'cpu' else ''}` or choose one of "
-                                f"{', '.join(SHIPPED_PROFILES)}")
-    return Profile(**json.loads(path.read_text()))
+        how = {"cpu": f" --procs {procs}", "cuda": " --device cuda"}.get(name, f" --out {path}")
+        raise FileNotFoundError(f"no device profile {name!r} ({path}); run `dlbooster predict calibrate{how}` "
+                                f"or choose one of {', '.join(SHIPPED_PROFILES)}")
+    try:
+        raw = json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, ValueError) as exc:     # JSONDecodeError is a ValueError
+        raise ValueError(f"{path}: not a readable device profile ({exc})") from None
+    try:
+        return profile_from_json(raw)
+    except ValueError as exc:
+        raise ValueError(f"{path}: not a device profile: {exc}") from None
+
+
+def profile_from_json(raw: object) -> Profile:
+    """A :class:`Profile` from its JSON object (:meth:`Profile.save`'s), checked: every
+    field present and no other, times non-negative and finite, rates positive (an
+    infinite rate is free: one process's all-reduce), so that no prediction comes out
+    negative or divides by zero.
+
+    Raises:
+        ValueError: what is wrong, naming the field.
+    """
+    import dataclasses
+
+    if not isinstance(raw, dict):
+        raise ValueError(f"a JSON object is needed, not {type(raw).__name__}")
+    fields = {f.name: f for f in dataclasses.fields(Profile)}
+    required = {n for n, f in fields.items() if f.default is dataclasses.MISSING}
+    if missing := sorted(required - set(raw)):
+        raise ValueError(f"missing {', '.join(missing)}")
+    if unknown := sorted(set(raw) - set(fields)):
+        raise ValueError(f"unknown field(s) {', '.join(unknown)}")
+
+    def number(value, what: str, *, rate: bool = False, signed: bool = False) -> None:
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or math.isnan(value):
+            raise ValueError(f"{what} must be a number, not {value!r}")
+        if rate and not value > 0:
+            raise ValueError(f"{what} is a rate and must be above 0, not {value!r}")
+        if not rate and not signed and not (0 <= value < math.inf):
+            raise ValueError(f"{what} must be finite and at least 0, not {value!r}")
+        if signed and math.isinf(value):
+            raise ValueError(f"{what} must be finite, not {value!r}")
+
+    def pair(value, what: str) -> None:          # [t0 seconds, bytes/s or flops/s]
+        if not isinstance(value, list) or len(value) != 2:
+            raise ValueError(f"{what} must be [seconds, rate], not {value!r}")
+        number(value[0], f"{what}[0]")
+        number(value[1], f"{what}[1]", rate=True)
+
+    def cost(value, what: str) -> None:
+        if not isinstance(value, dict) or not ({"dims", "roof"} & set(value)):
+            raise ValueError(f"{what} must be {{'dims': [a, m, n, k, b]}} or {{'roof': [t0, flops/s, bytes/s]}}")
+        if "dims" in value:
+            dims = value["dims"]
+            if not isinstance(dims, list) or len(dims) != 5:
+                raise ValueError(f"{what}.dims must be 5 numbers, not {dims!r}")
+            for i, d in enumerate(dims):
+                number(d, f"{what}.dims[{i}]", signed=True)
+        if "roof" in value:
+            roof = value["roof"]
+            if not isinstance(roof, list) or len(roof) != 3:
+                raise ValueError(f"{what}.roof must be [t0, flops/s, bytes/s], not {roof!r}")
+            number(roof[0], f"{what}.roof[0]")
+            number(roof[1], f"{what}.roof[1]", rate=True)
+            number(roof[2], f"{what}.roof[2]", rate=True)
+        if "peak" in value:
+            number(value["peak"], f"{what}.peak", rate=True)
+
+    for name in ("name", "kind", "source"):
+        if not isinstance(raw[name], str):
+            raise ValueError(f"{name} must be a string, not {raw[name]!r}")
+    if raw["kind"] not in ("cpu", "gpu"):
+        raise ValueError(f"kind must be 'cpu' or 'gpu', not {raw['kind']!r}")
+    for name in ("threads", "procs"):
+        if isinstance(raw[name], bool) or not isinstance(raw[name], int) or raw[name] < 0:
+            raise ValueError(f"{name} must be a whole number, not {raw[name]!r}")
+    for name in ("conv", "memory"):
+        if not isinstance(raw[name], dict):
+            raise ValueError(f"{name} must be an object, not {raw[name]!r}")
+    for kind, value in raw["conv"].items():
+        cost(value, f"conv[{kind!r}]")
+    cost(raw["gemm"], "gemm")
+    for op, spec in raw["memory"].items():
+        what = f"memory[{op!r}]"
+        if isinstance(spec, list) and len(spec) == 2 and all(isinstance(x, list) for x in spec):
+            sizes, times = spec
+            if not sizes or len(sizes) != len(times):
+                raise ValueError(f"{what} must be a table [[bytes, ...], [seconds, ...]] of equal lengths")
+            for i, (size, t) in enumerate(zip(sizes, times)):
+                number(size, f"{what} bytes[{i}]", rate=True)
+                number(t, f"{what} seconds[{i}]", rate=True)
+            if any(b <= a for a, b in zip(sizes, sizes[1:])):
+                raise ValueError(f"{what}: the table's sizes must rise")
+        else:
+            pair(spec, what)
+    number(raw["view"], "view")
+    pair(raw["allreduce"], "allreduce")
+    number(raw["overlap"], "overlap")
+    if raw["overlap"] > 1:
+        raise ValueError(f"overlap is a share, 0 to 1, not {raw['overlap']!r}")
+    number(raw["decode_per_core"], "decode_per_core", rate=True)
+    number(raw["host_us_per_image"], "host_us_per_image")
+    number(raw.get("fault", 0.0), "fault")
+    number(raw.get("step_factor", 1.0), "step_factor", rate=True)
+    return Profile(**raw)
 
 
 def parse_decoder(text: str | None) -> dict | None:
     """``LANESxMHZ`` (FPGA decoder lanes per node and their clock) or ``cpu:CORES``.
 
     Raises:
-        ValueError: neither form.
+        ValueError: neither form, or a count or clock not above 0.
     """
     if text is None:
         return None
-    if text.startswith("cpu:"):
-        return {"kind": "cpu", "cores": int(text[4:])}
-    lanes, sep, mhz = text.lower().partition("x")
-    if not sep:
-        raise ValueError(f"--decoder: LANESxMHZ or cpu:CORES, not {text!r}")
-    return {"kind": "fpga", "lanes": int(lanes), "mhz": float(mhz)}
+    form = f"--decoder is LANESxMHZ (e.g. 8x250) or cpu:CORES (e.g. cpu:16), not {text!r}"
+    try:
+        if text.startswith("cpu:"):
+            decoder = {"kind": "cpu", "cores": int(text[4:])}
+            ok = decoder["cores"] >= 1
+        else:
+            lanes, sep, mhz = text.lower().partition("x")
+            decoder = {"kind": "fpga", "lanes": int(lanes), "mhz": float(mhz)}
+            ok = bool(sep) and decoder["lanes"] >= 1 and 0 < decoder["mhz"] < math.inf
+    except (TypeError, ValueError):
+        raise ValueError(form) from None
+    if not ok:
+        raise ValueError(f"{form}: lanes, MHz and cores must be above 0")
+    return decoder
 
 
 # --------------------------------------------------------------------------- prediction
@@ -1087,12 +1207,21 @@ def predict(work: Workload, profile: Profile, *, gpus: int = 1, nodes: int = 1,
         (seconds; ``images_per_s`` over all ranks).
 
     Raises:
-        ValueError: several nodes without ``network_gbps``; unknown ``backward``; a CPU
-            profile measured with another number of processes than ``gpus``; several
+        TypeError: ``profile`` is not a :class:`Profile`.
+        ValueError: ``gpus`` or ``nodes`` not a whole number above 0, ``network_gbps``
+            not above 0; several nodes without ``network_gbps``; unknown ``backward``; a
+            CPU profile measured with another number of processes than ``gpus``; several
             devices on one node with a profile that has no all-reduce (a calibrated GPU).
     """
     from .hw.synth import IMAGENET_CLOCKS, IMAGENET_PIXELS
 
+    if not isinstance(profile, Profile):
+        raise TypeError(f"profile must be a Profile (load_profile(name)), not {type(profile).__name__}")
+    for name, value in (("gpus", gpus), ("nodes", nodes)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ValueError(f"{name} must be a whole number above 0, not {value!r}")
+    if network_gbps is not None and not 0 < network_gbps < math.inf:
+        raise ValueError(f"network_gbps must be a finite number above 0, not {network_gbps!r}")
     if backward not in ("autograd", "split"):
         raise ValueError(f"backward must be autograd or split, not {backward!r}")
     if nodes > 1 and not network_gbps:

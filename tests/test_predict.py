@@ -144,6 +144,77 @@ def test_decoder_and_argument_errors():
     # A CPU profile holds for as many ranks as shared the machine when it was measured.
     with pytest.raises(ValueError, match="calibrate --procs 4"):
         predict(_work(), _profile(kind="cpu", procs=2), gpus=4)
+    # Counts and clocks of 0 divided by zero; negative ones gave negative times.
+    for text in ("0x250", "8x0", "8x-250", "cpu:0", "cpu:-1", "x", "8x250x3", "cpu:"):
+        with pytest.raises(ValueError, match=r"--decoder is LANESxMHZ \(e\.g\. 8x250\) or cpu:CORES"):
+            parse_decoder(text)
+    for kwargs, message in ((dict(gpus=-2), "gpus must be a whole number above 0"),
+                            (dict(nodes=0), "nodes must be a whole number above 0"),
+                            (dict(nodes=2, network_gbps=-5.0), "network_gbps must be a finite number above 0")):
+        with pytest.raises(ValueError, match=message):
+            predict(_work(), _profile(), **kwargs)
+    with pytest.raises(TypeError, match="profile must be a Profile"):
+        predict(_work(), "a100")
+
+
+def test_profile_files_are_checked_and_named(tmp_path, capsys):
+    """A profile file that was empty, not JSON, missing or adding a field, or held a
+    negative rate gave a traceback, a message naming no file, or negative times."""
+    from dataclasses import asdict
+
+    good = json.loads(json.dumps(asdict(load_profile("a100"))))
+    assert load_profile(str(_write(tmp_path / "good.json", good))).name == "a100"
+    bad = {"empty.json": "", "list.json": [], "missing.json": {k: v for k, v in good.items() if k != "conv"},
+           "extra.json": {**good, "extra": 1}, "view.json": {**good, "view": "fast"},
+           "negative.json": {**good, "gemm": {"roof": [1e-5, -1e14, 1e12]}},
+           "overlap.json": {**good, "overlap": 2.0}}
+    reasons = {"empty.json": "not a readable device profile (Expecting value",
+               "list.json": "not a device profile: a JSON object is needed, not list",
+               "missing.json": "not a device profile: missing conv",
+               "extra.json": "not a device profile: unknown field(s) extra",
+               "view.json": "not a device profile: view must be a number, not 'fast'",
+               "negative.json": "not a device profile: gemm.roof[1] is a rate and must be above 0",
+               "overlap.json": "not a device profile: overlap is a share, 0 to 1"}
+    for name, content in bad.items():
+        path = _write(tmp_path / name, content)
+        with pytest.raises(ValueError) as exc:
+            load_profile(str(path))
+        assert str(exc.value).startswith(f"{path}: {reasons[name]}"), str(exc.value)
+    # A path without .json is a file, not a calibrated profile's name.
+    (tmp_path / "noext").write_text(json.dumps(good))
+    assert load_profile(str(tmp_path / "noext")).name == "a100"
+    # The CLI: one line naming the file, exit 2; a missing cuda profile says how to make one.
+    assert main(["predict", "--model", "resnet18", "--device", str(tmp_path / "negative.json")]) == 2
+    assert capsys.readouterr().err.startswith(f"dlbooster predict: {tmp_path / 'negative.json'}: not a device profile")
+    with pytest.raises(FileNotFoundError, match="calibrate --device cuda"):
+        load_profile("cuda")
+
+
+def _write(path, content):
+    path.write_text(content if isinstance(content, str) else json.dumps(content))
+    return path
+
+
+def test_cli_refuses_bad_predict_input_before_working(tmp_path, capsys):
+    """Each of these gave a traceback, a negative time, or failed only after the work."""
+    cases = [(["--model", "inception_v3", "--batch-size", "2", "--image-size", "32", "--device", "a100"],
+              "dlbooster predict: inception_v3 does not run on 32x32-pixel images ("),
+             (["--device", "a100", "--json", str(tmp_path / "nodir" / "r.json")],
+              f"dlbooster predict: --json {tmp_path / 'nodir' / 'r.json'}: no such folder"),
+             (["validate", "--batch-sizes", "0,abc"],
+              "dlbooster predict: --batch-sizes and --procs-list are whole numbers above 0"),
+             (["--device", "a100", "--decoder", "0x250"], "dlbooster predict: --decoder is LANESxMHZ")]
+    if not torch.cuda.is_available():
+        cases.append((["validate", "--device", "a100"],
+                      "dlbooster predict: validate --device a100 measures a CUDA GPU, and PyTorch finds none"))
+    for argv, message in cases:
+        assert main(["predict", *argv]) == 2, argv
+        err = capsys.readouterr().err
+        assert err.startswith(message), (argv, err)
+    with pytest.raises(SystemExit) as exc:
+        main(["predict", "--device", "a100", "--nodes", "2", "--network", "-5"])
+    assert exc.value.code == 2
+    assert "argument --network: must be a finite number above 0, not -5" in capsys.readouterr().err
 
 
 def test_split_backward_adds_its_measured_cpu_overhead():
