@@ -42,7 +42,21 @@ class DlboosterError(Exception):
 
 
 class DecodeError(DlboosterError):
-    """The input is not decodable; the reference (Pillow) fails on it as well."""
+    """The input is not decodable; the reference (Pillow) fails on it as well.
+
+    Attributes:
+        index: the sample's dataset index where a :class:`~dlbooster.Loader` raised it
+            (policy ``raise``), else ``None``; ``str()`` then begins ``sample N:``.
+    """
+
+    def __init__(self, reason: str, detail: str = "", source: str = "<bytes>", index: int | None = None):
+        super().__init__(reason, detail, source)
+        self.index = index
+        self.args = (reason, detail, source, index)   # so that a pickled copy keeps the index
+
+    def __str__(self) -> str:
+        text = super().__str__()
+        return text if self.index is None else f"sample {self.index}: {text}"
 
 
 class FallbackError(DlboosterError):
@@ -63,3 +77,4 @@ class Malformed(FallbackError):
     def __init__(self, reason: str, detail: str = "", source: str = "<bytes>", offset: int = -1):
         super().__init__(reason, detail, source)
         self.offset = offset
+        self.args = (reason, detail, source, offset)   # so that a pickled copy keeps the offset

@@ -162,7 +162,8 @@ class Loader:
             iteration, naming its tallest and widest inputs; images of very different
             shapes want a transform). Its ``set_epoch`` is called by :meth:`set_epoch`.
         on_error: per-sample policy for inputs nothing can decode: ``raise``
-            (:class:`~dlbooster.errors.DecodeError` naming the input), ``skip`` (left out
+            (:class:`~dlbooster.errors.DecodeError` naming the input and, as ``index``,
+            its dataset index), ``skip`` (left out
             of the batch, logged and counted; a batch whose every sample is skipped is
             yielded empty: images the transform's ``empty(device)`` when it has one (a
             :class:`~dlbooster.transforms.DeviceTransform`: (0, 3, size, size)), else
@@ -447,7 +448,7 @@ class Loader:
                 report.delivered += 1
                 continue
             if self.on_error == "raise":
-                raise DecodeError(outcome.reason, outcome.detail, outcome.path)
+                raise DecodeError(outcome.reason, outcome.detail, outcome.path, index=outcome.index)
             if self.on_error == "skip":
                 log.warning("skipping %s", outcome)
                 report.skipped.append(outcome)

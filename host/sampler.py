@@ -72,9 +72,11 @@ def shard_indices(length: int, *, epoch: int = 0, seed: int = 0, shuffle: bool =
         ValueError: ``length`` < 0, ``world_size`` < 1 or ``rank`` outside
             ``[0, world_size)`` (``torch.Generator.manual_seed``'s own errors, for a
             ``seed + epoch`` outside the 64-bit range, pass through).
-        TypeError: ``length``, ``rank`` or ``world_size`` is not an integer.
+        TypeError: ``length``, ``rank``, ``world_size``, ``seed`` or ``epoch`` is not an
+            integer.
     """
     length, rank, world_size = _check_shard(length, rank, world_size)
+    seed, epoch = operator.index(seed), operator.index(epoch)
     total = num_samples(length, drop_last=drop_last, world_size=world_size) * world_size
     if shuffle:
         import torch
@@ -191,6 +193,7 @@ class ShardSampler:
         ValueError: as :func:`shard_indices`, or from :func:`dist_env`; a
             ``world_size`` above 1 given without a rank where no process group or
             ``RANK`` gives one.
+        TypeError: ``length``, ``seed``, ``rank`` or ``world_size`` is not an integer.
     """
 
     def __init__(self, length: int, *, seed: int = 0, shuffle: bool = True,
@@ -207,7 +210,8 @@ class ShardSampler:
         elif world_size is None:
             world_size = _dist_one("WORLD_SIZE")
         self.length, self.rank, self.world_size = _check_shard(length, rank, world_size)
-        self.seed = seed
+        # Checked here: a float seed would otherwise fail at the first iteration.
+        self.seed = operator.index(seed)
         self.shuffle = shuffle
         self.drop_last = drop_last
         self.epoch = 0
@@ -286,6 +290,6 @@ class ShardSampler:
         epoch, start = operator.index(state["epoch"]), operator.index(state["start"])
         if not 0 <= start <= self._num_samples:
             raise ValueError(f"state start={start} is outside [0, {self._num_samples}]")
-        self.seed = state["seed"]
+        self.seed = operator.index(state["seed"])
         self.epoch = epoch
         self._start = self._position = start

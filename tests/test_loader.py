@@ -12,6 +12,7 @@ from __future__ import annotations
 import io
 import math
 import os
+import pickle
 import re
 import resource
 import shutil
@@ -386,6 +387,10 @@ def test_policy_raise_names_the_path(bad_dir):
             next(it)
         assert str(bad_dir["empty"]) in str(err.value)
         assert err.value.source == str(bad_dir["empty"]) and err.value.reason == "undecodable"
+        assert err.value.index == 2 and str(err.value).startswith(f"sample 2: {bad_dir['empty']}: undecodable")
+        copy = pickle.loads(pickle.dumps(err.value))
+        assert (copy.index, copy.source, copy.reason, str(copy)) == (2, err.value.source, "undecodable",
+                                                                     str(err.value))
         # The abandoned epoch gave every buffer back; the next epoch stops at the same input.
         assert loader.pool.free == loader.pool.depth
         with pytest.raises(DecodeError, match="empty"):

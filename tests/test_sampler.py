@@ -6,6 +6,7 @@ import os
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -129,6 +130,18 @@ def test_shard_indices_rejects_non_integers():
         shard_indices(3.0)
     with pytest.raises(TypeError):
         shard_indices(3, world_size=2.0)
+    with pytest.raises(TypeError):
+        shard_indices(3, seed=1.5)
+
+
+def test_shard_sampler_checks_the_seed_when_made():
+    # A float seed used to pass the constructor and fail at the first iteration.
+    with pytest.raises(TypeError):
+        ShardSampler(3, seed=1.5, rank=0, world_size=1)
+    sampler = ShardSampler(3, seed=np.int64(4), rank=0, world_size=1)
+    assert type(sampler.seed) is int and sampler.seed == 4
+    with pytest.raises(TypeError):
+        sampler.load_state_dict({**sampler.state_dict(), "seed": "4"})
 
 
 @pytest.mark.parametrize("length, world_size, drop_last", [
