@@ -25,6 +25,8 @@ APIs: PYNQ 3.x documentation (Overlay, DefaultIP ``bindto``, ``allocate``,
 
 from __future__ import annotations
 
+import re
+import struct
 import time
 from pathlib import Path
 
@@ -34,7 +36,8 @@ from .device import DecoderDevice, drain
 from .hw.boards import BOARDS, TOP, VLNV
 from .hw.regs import Reg
 
-__all__ = ["BoardError", "PynqTransport", "XrtTransport", "decoder_ip_class", "find_boards", "open_board"]
+__all__ = ["BoardError", "PynqTransport", "XrtTransport", "bit_header", "check_binary", "decoder_ip_class",
+           "find_boards", "open_board"]
 
 
 class BoardError(RuntimeError):
@@ -270,6 +273,113 @@ class XrtTransport:
         drain(self, timeout_s)
 
 
+_BIT_PREAMBLE = b"\x00\x09\x0f\xf0\x0f\xf0\x0f\xf0\x0f\xf0\x00\x00\x01"
+_BIT_FIELDS = {b"a": "design", b"b": "part", b"c": "date", b"d": "time"}
+_XCLBIN_MAGIC = b"xclbin2\x00"
+_XCLBIN_LENGTH_AT = 0x130        # axlf.m_header.m_length, a little-endian uint64 (XRT xclbin.h)
+
+
+def bit_header(path: str | Path) -> dict:
+    """The header of a Xilinx ``.bit`` file.
+
+    Layout (the one Vivado writes; Xilinx does not document it, FPGA-FAQ 0026 does): 13
+    fixed bytes, then fields ``a`` (design), ``b`` (part), ``c`` (date), ``d`` (time), each
+    a key byte, a big-endian 16-bit length and a NUL-terminated string, then key ``e`` with
+    a big-endian 32-bit length of the configuration data that follows.
+
+    Returns:
+        ``{"design", "part", "date", "time"}`` as str (those present), and ``"bytes"``,
+        the configuration data's length in bytes (int).
+
+    Raises:
+        BoardError: the file does not start with that header, or is shorter than its
+            ``e`` field says (a truncated copy); OSError from reading passes through.
+    """
+    path = Path(path)
+    with open(path, "rb") as f:
+        head = f.read(4096)
+        size = f.seek(0, 2)
+    if not head.startswith(_BIT_PREAMBLE):
+        raise BoardError(f"{path}: not a Xilinx bitstream (no .bit header); give the .bit that Vivado's "
+                         f"write_bitstream made")
+    fields: dict = {}
+    at = len(_BIT_PREAMBLE)
+    while True:
+        key = head[at:at + 1]
+        if key == b"e" and at + 5 <= len(head):
+            (fields["bytes"],) = struct.unpack_from(">I", head, at + 1)
+            if size < at + 5 + fields["bytes"]:
+                raise BoardError(f"{path}: truncated bitstream: {size - at - 5:,} of its {fields['bytes']:,} "
+                                 f"configuration bytes")
+            return fields
+        if key not in _BIT_FIELDS or at + 3 > len(head):
+            raise BoardError(f"{path}: damaged .bit header at byte {at}")
+        (length,) = struct.unpack_from(">H", head, at + 1)
+        fields[_BIT_FIELDS[key]] = head[at + 3:at + 3 + length].rstrip(b"\0").decode("ascii", "replace")
+        at += 3 + length
+
+
+def _device(part: str) -> str | None:
+    """The device of a part name, without family prefix, package or speed grade:
+    ``7z020`` of ``xc7z020clg400-1`` or ``7z020clg400``, ``zu7ev`` of ``xczu7ev-ffvc1156-2-e``."""
+    m = re.match(r"(?:xc)?(\d*[a-z]+\d+(?:eg|ev|cg|dr)?)", part.lower())
+    return m.group(1) if m else None
+
+
+def check_binary(board: str, binary: str | Path) -> dict:
+    """Check that ``binary`` looks like a file ``board`` can load, before a driver loads it.
+
+    A ``.bit`` must have a whole Xilinx bitstream header (:func:`bit_header`) whose part
+    is the board's device (``xc7z020`` for the PYNQ-Z2; a part name this function cannot
+    read is let through), and a ``.hwh`` beside it; an ``.xclbin`` must start with
+    XRT's ``xclbin2`` magic and be as long as its header says.
+
+    Returns:
+        the ``.bit`` header's fields, or ``{"bytes": N}`` for an ``.xclbin``.
+
+    Raises:
+        BoardError: unknown board, a missing, unreadable or not regular file, the other
+            board kind's file, a missing ``.hwh``, or a file that fails the checks above.
+    """
+    if board not in BOARDS:
+        raise BoardError(f"unknown board {board!r}; choose from {', '.join(BOARDS)}")
+    binary = Path(binary)
+    if not binary.is_file():
+        what = "a folder" if binary.is_dir() else "not a regular file" if binary.exists() else "no such file"
+        raise BoardError(f"{binary}: {what}; give the .bit (its .hwh beside it) or the .xclbin")
+    spec = BOARDS[board]
+    if spec.kind == "alveo" and binary.suffix != ".xclbin":
+        raise BoardError(f"{board} loads an .xclbin (v++ links one from `dlbooster build --board {board}`), "
+                         f"not {binary.name}")
+    if spec.kind == "pynq" and binary.suffix != ".bit":
+        raise BoardError(f"{board} loads a .bit with its .hwh beside it (`dlbooster build --board {board}`), "
+                         f"not {binary.name}")
+    try:
+        return _check_contents(board, spec, binary)
+    except OSError as exc:
+        raise BoardError(f"{binary}: cannot be read: {exc.strerror or exc}") from exc
+
+
+def _check_contents(board: str, spec, binary: Path) -> dict:
+    if spec.kind == "alveo":
+        with open(binary, "rb") as f:
+            head = f.read(_XCLBIN_LENGTH_AT + 8)
+            size = f.seek(0, 2)
+        if not head.startswith(_XCLBIN_MAGIC) or len(head) < _XCLBIN_LENGTH_AT + 8:
+            raise BoardError(f"{binary}: not an xclbin (no xclbin2 header); give the .xclbin that v++ -l made")
+        (length,) = struct.unpack_from("<Q", head, _XCLBIN_LENGTH_AT)
+        if size < length:
+            raise BoardError(f"{binary}: truncated xclbin: {size:,} of its {length:,} bytes")
+        return {"bytes": length}
+    header = bit_header(binary)
+    want, got = _device(spec.part), _device(header.get("part", ""))
+    if got is not None and got != want:
+        raise BoardError(f"{binary} was built for {header['part']}, but {board} has {spec.part}")
+    if not binary.with_suffix(".hwh").is_file():
+        raise BoardError(f"{binary.with_suffix('.hwh')} is missing: PYNQ needs it beside the .bit")
+    return header
+
+
 def find_boards(problems: list[str] | None = None) -> list[dict]:
     """Boards with a driver present: ``{"driver", "name", "index"}`` per device
     (PYNQ's ``Device.devices`` and XRT's ``enumerate_devices``); empty when neither
@@ -305,22 +415,12 @@ def open_board(board: str, binary: str | Path) -> DecoderDevice:
     ``board`` and return a started :class:`DecoderDevice`.
 
     Raises:
-        BoardError: unknown board, missing file, missing driver library or board, or
-            no decoder in the design.
+        BoardError: as :func:`check_binary` (a file that is not the board's, checked
+            before any driver is loaded), a missing driver library or board, or no
+            decoder in the design.
     """
-    if board not in BOARDS:
-        raise BoardError(f"unknown board {board!r}; choose from {', '.join(BOARDS)}")
-    binary = Path(binary)
-    if not binary.is_file():
-        what = "a folder" if binary.is_dir() else "not a regular file" if binary.exists() else "no such file"
-        raise BoardError(f"{binary}: {what}; give the .bit (its .hwh beside it) or the .xclbin")
-    spec = BOARDS[board]
-    if spec.kind == "alveo" and binary.suffix != ".xclbin":
-        raise BoardError(f"{board} loads an .xclbin (v++ links one from `dlbooster build --board {board}`), "
-                         f"not {binary.name}")
-    if spec.kind == "pynq" and binary.suffix != ".bit":
-        raise BoardError(f"{board} loads a .bit with its .hwh beside it (`dlbooster build --board {board}`), "
-                         f"not {binary.name}")
+    check_binary(board, binary)
+    binary, spec = Path(binary), BOARDS[board]
     if spec.kind == "alveo":
         try:
             transport = XrtTransport(binary, clock_hz=spec.clock_mhz * 1e6)
@@ -332,8 +432,6 @@ def open_board(board: str, binary: str | Path) -> DecoderDevice:
             except BoardError as pynq_exc:
                 raise BoardError(f"{exc}; {pynq_exc}") from pynq_exc
     else:
-        if not binary.with_suffix(".hwh").is_file():
-            raise BoardError(f"{binary.with_suffix('.hwh')} is missing: PYNQ needs it beside the .bit")
         transport = _pynq_transport(binary, spec)
     device = DecoderDevice(transport)
     device.start()

@@ -6,12 +6,13 @@ from __future__ import annotations
 
 import importlib.util
 import logging
+import struct
 
 import pytest
 
 from dlbooster import backends
 from dlbooster.backends import get_backend
-from dlbooster.boards import BoardError, decoder_ip_class, find_boards, open_board
+from dlbooster.boards import BoardError, bit_header, check_binary, decoder_ip_class, find_boards, open_board
 from dlbooster.cli import main
 
 HAVE_PYNQ = importlib.util.find_spec("pynq") is not None
@@ -19,12 +20,31 @@ HAVE_PYXRT = importlib.util.find_spec("pyxrt") is not None
 no_drivers = pytest.mark.skipif(HAVE_PYNQ or HAVE_PYXRT, reason="a board driver library is installed")
 
 
+def make_bit(part: str = "7z020clg400", data: bytes = b"\xff" * 64 + b"\xaa\x99\x55\x66", cut: int = 0) -> bytes:
+    """A .bit as Vivado lays it out: the fixed preamble, fields a-d, then e and the data
+    (``cut`` bytes short of what e says)."""
+    def field(key: bytes, text: str) -> bytes:
+        value = text.encode() + b"\0"
+        return key + struct.pack(">H", len(value)) + value
+    return (b"\x00\x09\x0f\xf0\x0f\xf0\x0f\xf0\x0f\xf0\x00\x00\x01"
+            + field(b"a", "dlbooster_pynq_z2_wrapper;UserID=0XFFFFFFFF;Version=2024.1") + field(b"b", part)
+            + field(b"c", "2026/12/05") + field(b"d", "10:00:00")
+            + b"e" + struct.pack(">I", len(data)) + data[:len(data) - cut])
+
+
+def make_xclbin(cut: int = 0) -> bytes:
+    """An xclbin's fixed start: the xclbin2 magic and, at 0x130, the file's length."""
+    size = 0x400
+    head = b"xclbin2\0".ljust(0x130, b"\0") + struct.pack("<Q", size)
+    return head.ljust(size - cut, b"\0")
+
+
 def test_bad_board_and_missing_files(tmp_path):
     with pytest.raises(BoardError, match="unknown board"):
         open_board("pynq-z9", tmp_path / "x.bit")
     with pytest.raises(BoardError, match="no such file"):
         open_board("pynq-z2", tmp_path / "x.bit")
-    (tmp_path / "x.bit").write_bytes(b"\0")
+    (tmp_path / "x.bit").write_bytes(make_bit())
     with pytest.raises(BoardError, match=r"x\.hwh is missing"):
         open_board("pynq-z2", tmp_path / "x.bit")
     (tmp_path / "x.xclbin").write_bytes(b"\0")
@@ -41,11 +61,43 @@ def test_bad_board_and_missing_files(tmp_path):
         open_board("pynq-z2", tmp_path)
 
 
+def test_binaries_are_checked_before_a_driver_loads_them(tmp_path):
+    bit, xclbin = tmp_path / "x.bit", tmp_path / "x.xclbin"
+    bit.write_bytes(make_bit())
+    assert bit_header(bit) == {"design": "dlbooster_pynq_z2_wrapper;UserID=0XFFFFFFFF;Version=2024.1",
+                               "part": "7z020clg400", "date": "2026/12/05", "time": "10:00:00", "bytes": 68}
+    (tmp_path / "x.hwh").write_text("<xml/>")
+    assert check_binary("pynq-z2", bit)["part"] == "7z020clg400"
+    for content, match in ((b"\0" * 100, r"x\.bit: not a Xilinx bitstream \(no \.bit header\)"),
+                           (b"", "not a Xilinx bitstream"),
+                           (make_bit(cut=1), "x.bit: truncated bitstream: 67 of its 68 configuration bytes"),
+                           (make_bit()[:40], r"damaged \.bit header at byte \d+"),
+                           (make_bit("7z010clg400"), "x.bit was built for 7z010clg400, but pynq-z2 has "
+                                                     "xc7z020clg400-1")):
+        bit.write_bytes(content)
+        with pytest.raises(BoardError, match=match):
+            open_board("pynq-z2", bit)
+    # The ZCU104's UltraScale+ part, written with or without its family prefix.
+    for part in ("xczu7ev-ffvc1156-2-e", "zu7ev-ffvc1156-2-e"):
+        bit.write_bytes(make_bit(part))
+        assert check_binary("zcu104", bit)["part"] == part
+        with pytest.raises(BoardError, match=f"built for {part}, but pynq-z2 has"):
+            check_binary("pynq-z2", bit)
+    xclbin.write_bytes(make_xclbin())
+    assert check_binary("alveo-u50", xclbin) == {"bytes": 0x400}
+    for content, match in ((b"PK\3\4" + b"\0" * 600, r"x\.xclbin: not an xclbin \(no xclbin2 header\)"),
+                           (b"xclbin2\0", "not an xclbin"),
+                           (make_xclbin(cut=24), "x.xclbin: truncated xclbin: 1,000 of its 1,024 bytes")):
+        xclbin.write_bytes(content)
+        with pytest.raises(BoardError, match=match):
+            open_board("alveo-u250", xclbin)
+
+
 @no_drivers
 def test_no_driver_library(tmp_path):
-    (tmp_path / "x.bit").write_bytes(b"\0")
+    (tmp_path / "x.bit").write_bytes(make_bit("xczu7ev-ffvc1156-2-e"))
     (tmp_path / "x.hwh").write_text("<xml/>")
-    (tmp_path / "x.xclbin").write_bytes(b"\0")
+    (tmp_path / "x.xclbin").write_bytes(make_xclbin())
     with pytest.raises(BoardError, match="PYNQ is not installed"):
         open_board("zcu104", tmp_path / "x.bit")
     with pytest.raises(BoardError, match="pyxrt is not importable.*PYNQ is not installed"):
@@ -81,6 +133,10 @@ def test_board_backends_need_a_board_and_binary(monkeypatch, tmp_path, caplog):
 def test_cli_flash_and_devices(tmp_path, capsys):
     assert main(["flash", "--board", "pynq-z2", str(tmp_path / "none.bit")]) == 1
     assert "no such file" in capsys.readouterr().err
+    (tmp_path / "junk.bit").write_bytes(b"<html>not found</html>")
+    assert main(["flash", "--board", "pynq-z2", str(tmp_path / "junk.bit")]) == 1
+    assert capsys.readouterr().err == f"dlbooster flash: {tmp_path / 'junk.bit'}: not a Xilinx bitstream (no .bit " \
+                                      f"header); give the .bit that Vivado's write_bitstream made\n"
     problems: list[str] = []
     boards = find_boards(problems)
     assert main(["devices"]) == (0 if boards else 1)
