@@ -471,6 +471,15 @@ def _cmd_synth(args: argparse.Namespace) -> int:
     return 0
 
 
+# The options each form of `predict` reads; one given to another form is refused rather
+# than silently ignored.
+_PREDICT_SCOPES = {
+    None: ("model", "batch_size", "gpus", "nodes", "network", "decoder", "backward"),
+    "calibrate": ("procs", "quick", "out"),
+    "validate": ("models", "batch_sizes", "procs_list", "iterations", "rounds", "quiet"),
+}
+
+
 def _cmd_predict(args: argparse.Namespace) -> int:
     from .bench import _machine, _table
     from .predict import calibrate, load_profile, parse_decoder, predict, profile_dir, workload
@@ -484,6 +493,23 @@ def _cmd_predict(args: argparse.Namespace) -> int:
             Path(args.json).write_text(json.dumps(report, indent=1) + "\n")
         return False
 
+    if args.action is None and args.json in ("calibrate", "validate"):
+        print(f"dlbooster predict: --json took {args.json!r} as the file to write; for the action write "
+              f"'predict {args.json} --json', for a file of that name --json ./{args.json}", file=sys.stderr)
+        return 2
+    for action, dests in _PREDICT_SCOPES.items():
+        given = [d for d in dests if getattr(args, d) != args.predict_parser.get_default(d)]
+        if action != args.action and given:
+            where = f"predict {action}" if action else "a prediction (no action)"
+            print(f"dlbooster predict: --{given[0].replace('_', '-')} applies to {where} only", file=sys.stderr)
+            return 2
+    if args.action == "calibrate" and args.json is not None:
+        print("dlbooster predict: calibrate writes a profile (--out FILE), not --json", file=sys.stderr)
+        return 2
+    if args.action == "calibrate" and args.image_size is not None:
+        print("dlbooster predict: calibrate times kernels, not an image size: --image-size does not apply",
+              file=sys.stderr)
+        return 2
     image_size = args.image_size or (128 if args.action == "validate" else 224)
     if args.json not in (None, "-") and not Path(args.json).parent.is_dir():      # before minutes of work
         print(f"dlbooster predict: --json {args.json}: no such folder {Path(args.json).parent}", file=sys.stderr)
@@ -998,7 +1024,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--rounds", type=_positive, default=1,
                    help="validate: rounds over all configurations (measured: median of the rounds)")
     p.add_argument("--quiet", action="store_true", help="validate: no progress lines")
-    p.set_defaults(func=_cmd_predict)
+    p.set_defaults(func=_cmd_predict, predict_parser=p)
 
     p = sub.add_parser("flash", help="load a bitstream or xclbin on a board and self-test it",
                        description="Load BINARY (a .bit with its .hwh beside it, or an .xclbin) on the "

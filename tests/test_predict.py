@@ -211,6 +211,20 @@ def test_cli_refuses_bad_predict_input_before_working(tmp_path, capsys):
         assert main(["predict", *argv]) == 2, argv
         err = capsys.readouterr().err
         assert err.startswith(message), (argv, err)
+    # Options of another form of the command are refused, not silently ignored.
+    for argv, message in ((["--device", "a100", "--procs", "2"], "--procs applies to predict calibrate only"),
+                          (["--device", "a100", "--rounds", "3"], "--rounds applies to predict validate only"),
+                          (["calibrate", "--gpus", "4"], "--gpus applies to a prediction (no action) only"),
+                          (["validate", "--backward", "split"], "--backward applies to a prediction"),
+                          (["validate", "--out", "p.json"], "--out applies to predict calibrate only"),
+                          (["calibrate", "--json"], "calibrate writes a profile (--out FILE), not --json"),
+                          (["calibrate", "--image-size", "64"], "calibrate times kernels, not an image size"),
+                          (["--json", "validate"], "--json took 'validate' as the file to write; for the action "
+                                                   "write 'predict validate --json', for a file of that name "
+                                                   "--json ./validate")):
+        assert main(["predict", *argv]) == 2, argv
+        err = capsys.readouterr().err
+        assert err.startswith(f"dlbooster predict: {message}") and err.count("\n") == 1, (argv, err)
     with pytest.raises(SystemExit) as exc:
         main(["predict", "--device", "a100", "--nodes", "2", "--network", "-5"])
     assert exc.value.code == 2
