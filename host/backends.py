@@ -314,7 +314,8 @@ class BoardBackend(DeviceBackend):
         binary: the ``.bit`` (with its ``.hwh`` beside it) or ``.xclbin`` to load.
 
     Raises:
-        dlbooster.boards.BoardError: no driver library, no board, or no decoder in it.
+        dlbooster.boards.BoardError: as :func:`dlbooster.boards.open_board`: a binary
+            that is not the board's, no driver library, no board, or no decoder in it.
     """
 
     def __init__(self, board: str, binary: str):

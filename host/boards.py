@@ -297,7 +297,7 @@ def bit_header(path: str | Path) -> dict:
     """
     path = Path(path)
     with open(path, "rb") as f:
-        head = f.read(4096)
+        head = f.read(len(_BIT_PREAMBLE) + len(_BIT_FIELDS) * (3 + 0xFFFF) + 5)   # the longest header
         size = f.seek(0, 2)
     if not head.startswith(_BIT_PREAMBLE):
         raise BoardError(f"{path}: not a Xilinx bitstream (no .bit header); give the .bit that Vivado's "
@@ -321,9 +321,10 @@ def bit_header(path: str | Path) -> dict:
 
 def _device(part: str) -> str | None:
     """The device of a part name, without family prefix, package or speed grade:
-    ``7z020`` of ``xc7z020clg400-1`` or ``7z020clg400``, ``zu7ev`` of ``xczu7ev-ffvc1156-2-e``."""
-    m = re.match(r"(?:xc)?(\d*[a-z]+\d+(?:eg|ev|cg|dr)?)", part.lower())
-    return m.group(1) if m else None
+    ``7z020`` of ``xc7z020clg400-1`` or ``7z020clg400``, ``zu7ev`` of ``xczu7ev-ffvc1156-2-e``
+    (an ``xa`` or ``xq`` grade prefix as ``xc``); None for a name not of that form."""
+    m = re.match(r"(?:x[caq])?(\d*[a-z]+\d+(?:eg|ev|cg|dr)?)", part.lower())
+    return m.group(1) if m and re.match(r"\d|zu|u", m.group(1)) else None
 
 
 def check_binary(board: str, binary: str | Path) -> dict:
@@ -365,8 +366,10 @@ def _check_contents(board: str, spec, binary: Path) -> dict:
         with open(binary, "rb") as f:
             head = f.read(_XCLBIN_LENGTH_AT + 8)
             size = f.seek(0, 2)
-        if not head.startswith(_XCLBIN_MAGIC) or len(head) < _XCLBIN_LENGTH_AT + 8:
+        if not head.startswith(_XCLBIN_MAGIC):
             raise BoardError(f"{binary}: not an xclbin (no xclbin2 header); give the .xclbin that v++ -l made")
+        if len(head) < _XCLBIN_LENGTH_AT + 8:
+            raise BoardError(f"{binary}: truncated xclbin: {size:,} bytes, shorter than its header")
         (length,) = struct.unpack_from("<Q", head, _XCLBIN_LENGTH_AT)
         if size < length:
             raise BoardError(f"{binary}: truncated xclbin: {size:,} of its {length:,} bytes")

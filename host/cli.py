@@ -494,8 +494,9 @@ def _cmd_predict(args: argparse.Namespace) -> int:
         return False
 
     if args.action is None and args.json in ("calibrate", "validate"):
+        action = "'predict validate --json'" if args.json == "validate" else "'predict calibrate' (--out FILE)"
         print(f"dlbooster predict: --json took {args.json!r} as the file to write; for the action write "
-              f"'predict {args.json} --json', for a file of that name --json ./{args.json}", file=sys.stderr)
+              f"{action}, for a file of that name --json ./{args.json}", file=sys.stderr)
         return 2
     for action, dests in _PREDICT_SCOPES.items():
         given = [d for d in dests if getattr(args, d) != args.predict_parser.get_default(d)]

@@ -52,7 +52,6 @@ class DecodeError(DlboosterError):
     def __init__(self, reason: str, detail: str = "", source: str = "<bytes>", index: int | None = None):
         super().__init__(reason, detail, source)
         self.index = index
-        self.args = (reason, detail, source, index)   # so that a pickled copy keeps the index
 
     def __str__(self) -> str:
         text = super().__str__()
@@ -77,4 +76,3 @@ class Malformed(FallbackError):
     def __init__(self, reason: str, detail: str = "", source: str = "<bytes>", offset: int = -1):
         super().__init__(reason, detail, source)
         self.offset = offset
-        self.args = (reason, detail, source, offset)   # so that a pickled copy keeps the offset

@@ -181,8 +181,8 @@ class Loader:
 
     Raises:
         ValueError: bad policy, sizes, fidelity or label, or a CUDA ``device`` where
-            PyTorch sees none; TypeError: a batch size that is
-            not an integer, or a bad source; FileNotFoundError: a missing source;
+            PyTorch sees none; TypeError: a batch size, seed, rank or world size that
+            is not an integer, or a bad source; FileNotFoundError: a missing source;
         dlbooster.records.RecordError: a corrupt record file.
     """
 

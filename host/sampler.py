@@ -283,6 +283,7 @@ class ShardSampler:
             KeyError: a key is missing.
             ValueError: ``length`` or ``world_size`` differs from this sampler's, or
                 ``start`` is outside ``[0, len(self)]``.
+            TypeError: ``epoch``, ``start`` or ``seed`` is not an integer.
         """
         for key, mine in (("length", self.length), ("world_size", self.world_size)):
             if state[key] != mine:

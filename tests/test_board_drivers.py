@@ -72,11 +72,16 @@ def test_binaries_are_checked_before_a_driver_loads_them(tmp_path):
                            (b"", "not a Xilinx bitstream"),
                            (make_bit(cut=1), "x.bit: truncated bitstream: 67 of its 68 configuration bytes"),
                            (make_bit()[:40], r"damaged \.bit header at byte \d+"),
+                           (make_bit()[:13] + b"z", r"damaged \.bit header at byte 13"),
                            (make_bit("7z010clg400"), "x.bit was built for 7z010clg400, but pynq-z2 has "
                                                      "xc7z020clg400-1")):
         bit.write_bytes(content)
         with pytest.raises(BoardError, match=match):
             open_board("pynq-z2", bit)
+    # The part with an automotive grade prefix; a name of another form is let through.
+    for part in ("xa7z020clg400-1I", "XC7Z020CLG400-1", "custom"):
+        bit.write_bytes(make_bit(part))
+        assert check_binary("pynq-z2", bit)["part"] == part
     # The ZCU104's UltraScale+ part, written with or without its family prefix.
     for part in ("xczu7ev-ffvc1156-2-e", "zu7ev-ffvc1156-2-e"):
         bit.write_bytes(make_bit(part))
@@ -86,7 +91,7 @@ def test_binaries_are_checked_before_a_driver_loads_them(tmp_path):
     xclbin.write_bytes(make_xclbin())
     assert check_binary("alveo-u50", xclbin) == {"bytes": 0x400}
     for content, match in ((b"PK\3\4" + b"\0" * 600, r"x\.xclbin: not an xclbin \(no xclbin2 header\)"),
-                           (b"xclbin2\0", "not an xclbin"),
+                           (b"xclbin2\0", "x.xclbin: truncated xclbin: 8 bytes, shorter than its header"),
                            (make_xclbin(cut=24), "x.xclbin: truncated xclbin: 1,000 of its 1,024 bytes")):
         xclbin.write_bytes(content)
         with pytest.raises(BoardError, match=match):

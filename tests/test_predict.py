@@ -221,7 +221,10 @@ def test_cli_refuses_bad_predict_input_before_working(tmp_path, capsys):
                           (["calibrate", "--image-size", "64"], "calibrate times kernels, not an image size"),
                           (["--json", "validate"], "--json took 'validate' as the file to write; for the action "
                                                    "write 'predict validate --json', for a file of that name "
-                                                   "--json ./validate")):
+                                                   "--json ./validate"),
+                          (["--json", "calibrate"], "--json took 'calibrate' as the file to write; for the "
+                                                    "action write 'predict calibrate' (--out FILE), for a file "
+                                                    "of that name --json ./calibrate")):
         assert main(["predict", *argv]) == 2, argv
         err = capsys.readouterr().err
         assert err.startswith(f"dlbooster predict: {message}") and err.count("\n") == 1, (argv, err)
