@@ -42,7 +42,14 @@ from collections import Counter
 from datetime import date
 from pathlib import Path
 
-__all__ = ["add_arguments", "run"]
+__all__ = ["Refused", "add_arguments", "run"]
+
+
+class Refused(ValueError):
+    """A benchmark's inputs or options cannot be measured (no input the benchmark can
+    use, an unwritable ``--json``, a model or device that does not exist); raised before
+    the measurement, or instead of it. The message names the command; the CLI prints it
+    and exits 2."""
 
 
 def _positive_list(text: str) -> str:
@@ -60,6 +67,47 @@ def _recode_spec(text: str) -> str:
         raise argparse.ArgumentTypeError(f"{text!r}: give SUBSAMPLING@QUALITY with SUBSAMPLING in "
                                          f"{', '.join(_RECODE_SUBSAMPLING)} and QUALITY 1..100")
     return text
+
+
+def _one_or_more(kind):
+    """argparse type: ``kind``'s comma-separated list, which may not be empty."""
+    def check(text: str) -> str:
+        if not text.strip():
+            raise argparse.ArgumentTypeError("give at least one value")
+        return kind(text)
+    return check
+
+
+def _choices_list(*choices: str):
+    """argparse type: a non-empty comma-separated subset of ``choices`` (kept as the text)."""
+    def check(text: str) -> str:
+        items = text.split(",")
+        if not text or any(item not in choices for item in items):
+            raise argparse.ArgumentTypeError(f"{text!r}: give one or more of {', '.join(choices)}, separated by "
+                                             f"commas")
+        return text
+    return check
+
+
+def _idct_lanes(text: str) -> str:
+    """argparse type: comma-separated IDCT lane counts, each 1, 2 or 4 (kept as the text)."""
+    return _choices_list("1", "2", "4")(text)
+
+
+def _percent(text: str) -> int:
+    """argparse type: a whole percentage, 1..100."""
+    if not text.strip().isdigit() or not 1 <= int(text) <= 100:
+        raise argparse.ArgumentTypeError(f"{text!r}: give a whole percentage, 1..100")
+    return int(text)
+
+
+def _ieee_blocks(text: str) -> int:
+    """argparse type: 0 (no IEEE 1180 test) or at least the 10,000 blocks per run that
+    IEEE 1180-1990 specifies (fewer judge its error limits on too small a sample)."""
+    if not text.strip().isdigit() or 0 < int(text) < 10000:
+        raise argparse.ArgumentTypeError(f"{text!r}: give 0 (no test) or at least 10000, the standard's "
+                                         f"blocks per run")
+    return int(text)
 
 
 def _lanes_list(text: str) -> str:
@@ -93,8 +141,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
             p.add_argument("paths", nargs="*", metavar="DATASET",
                            help="ImageFolder roots or folders of images (default: the corpus's "
                                 "hymenoptera and ImageNet sample photos)")
-            p.add_argument("--fidelities", help="comma-separated fidelities to read and load "
-                                                "(default: 1, 2, 5 and full)")
+            p.add_argument("--fidelities", type=_one_or_more(_positive_list),
+                           help="comma-separated fidelities to read and load (default: 1, 2, 5 and full)")
             p.add_argument("--rounds", type=_positive, default=5, help="alternating read rounds")
             p.add_argument("--sample", type=_positive, default=16, help="images whose PSNR is measured")
             p.add_argument("--images-per-record", type=_positive, default=256)
@@ -108,15 +156,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         elif kind != "backward":
             p.add_argument("paths", nargs="*", metavar="PATH",
                            help="files or folders (default: the corpus ImageNet sample photos)")
-            p.add_argument("--limit", type=_count, default=0, help="use at most N files")
+            p.add_argument("--limit", type=_count, default=0, help="use at most N files (0: all)")
         p.add_argument("--json", metavar="FILE", help="write the results as JSON")
         if kind == "parse":
             p.add_argument("--repeat", type=_positive, default=20, help="timed repetitions per file")
         elif kind == "idct":
-            p.add_argument("--lanes", default="1,2,4", type=_positive_list,
-                           help="comma-separated IDCT lane counts (rows per clock) to measure")
-            p.add_argument("--ieee-blocks", type=_count, default=10000,
-                           help="blocks per IEEE 1180 run (0 skips the test)")
+            p.add_argument("--lanes", default="1,2,4", type=_idct_lanes,
+                           help="comma-separated IDCT lane counts (rows per clock: 1, 2 or 4) to measure")
+            p.add_argument("--ieee-blocks", type=_ieee_blocks, default=10000,
+                           help="blocks per IEEE 1180 run (0 skips the test; the standard's is 10000)")
         elif kind == "lane":
             p.add_argument("--per-file", action="store_true", help="print a row per file")
             p.add_argument("--max-width", type=_max_width, default=8192, help="the lane's line-buffer width")
@@ -126,7 +174,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                            help="re-encode every input with Pillow first, e.g. 4:2:0@90 "
                                 "(subsampling 4:4:4, 4:2:2, 4:2:0 or gray)")
         elif kind == "device":
-            p.add_argument("--lanes", default="1", type=_lanes_list,
+            p.add_argument("--lanes", default="1", type=_one_or_more(_lanes_list),
                            help="comma-separated lane counts of the builds to run")
             p.add_argument("--max-width", type=_max_width, default=8192, help="the device's line-buffer width")
         elif kind == "host":
@@ -151,7 +199,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         elif kind == "backward":
             p.add_argument("--model", default="resnet18", help="torchvision model")
             p.add_argument("--batch-size", default="32", type=_positive_list, help="comma-separated batch sizes")
-            p.add_argument("--dtype", default="fp32", help="comma-separated: fp32, bf16 (autocast)")
+            p.add_argument("--dtype", default="fp32", type=_choices_list("fp32", "bf16"),
+                           help="comma-separated: fp32, bf16 (autocast)")
             p.add_argument("--image-size", type=_positive, default=224)
             p.add_argument("--device", type=_torch_device, default="cpu", help="cpu, cuda or cuda:N")
             p.add_argument("--iterations", type=_positive, default=1, help="timed iterations per round")
@@ -160,28 +209,24 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
             p.add_argument("--streams", type=_positive, default=2, help="side CUDA streams of the split schedule")
         elif kind == "entropy":
             p.add_argument("--per-file", action="store_true", help="print a row per file")
-            p.add_argument("--ready", type=_positive, default=100,
-                           help="percent of clocks the coefficient output is ready")
-        else:
-            p.add_argument("--backends", default="pillow,cpu,model",
+            p.add_argument("--ready", type=_percent, default=100,
+                           help="percent of clocks the coefficient output is ready (1..100)")
+        elif kind == "decode":
+            p.add_argument("--backends", default="pillow,cpu,model", type=_choices_list("pillow", "cpu", "model"),
                            help="comma-separated subset of pillow,cpu,model")
 
 
 def _inputs(args: argparse.Namespace) -> list[tuple[str, bytes]]:
     from .cli import _walk
-    from .samples import default_corpus
 
     paths = args.paths
     if not paths:
-        corpus = default_corpus()
-        if corpus is None:
-            raise SystemExit("no PATH given and no shared corpus found (set DLBOOSTER_CORPUS)")
-        paths = [str(corpus / "imagenet-sample-images")]
+        paths = [str(_corpus(args, "PATH") / "imagenet-sample-images")]
     files = [p for p, _ in _walk(paths)]
     if not args.paths:        # the photographs, not the corpus's _provenance.tsv beside them
         files = [p for p in files if p.lower().endswith((".jpg", ".jpeg"))]
     if not files:
-        raise SystemExit(f"dlbooster bench {args.kind}: no input files")
+        raise Refused(f"dlbooster bench {args.kind}: no input files")
     if args.limit:
         files = files[: args.limit]
     inputs = []
@@ -189,8 +234,40 @@ def _inputs(args: argparse.Namespace) -> list[tuple[str, bytes]]:
         try:
             inputs.append((p, Path(p).read_bytes()))
         except OSError as exc:
-            raise SystemExit(f"dlbooster bench: {p}: {exc.strerror or exc}") from None
+            raise Refused(f"dlbooster bench: {p}: {exc.strerror or exc}") from None
     return inputs
+
+
+def _corpus(args: argparse.Namespace, what: str) -> Path:
+    """The shared corpus for a benchmark given no inputs.
+
+    Raises:
+        Refused: none found, or ``$DLBOOSTER_CORPUS`` names no folder (it is not passed over
+            for another corpus).
+    """
+    import os
+
+    from .samples import default_corpus
+
+    named = os.environ.get("DLBOOSTER_CORPUS")
+    if named and not Path(named).is_dir():
+        raise Refused(f"dlbooster bench {args.kind}: DLBOOSTER_CORPUS={named}: no such folder")
+    corpus = default_corpus()
+    if corpus is None:
+        raise Refused(f"dlbooster bench {args.kind}: no {what} given and no shared corpus found "
+                      f"(set DLBOOSTER_CORPUS)")
+    return corpus
+
+
+def _check_json(args: argparse.Namespace) -> None:
+    """Refuse a ``--json`` FILE that cannot be written, before minutes of measurement."""
+    if args.json is None:
+        return
+    target = Path(args.json)
+    if not args.json or target.is_dir():
+        raise Refused(f"dlbooster bench {args.kind}: --json {args.json!r}: give a file name")
+    if not target.parent.is_dir():
+        raise Refused(f"dlbooster bench {args.kind}: --json {args.json}: no such folder {target.parent}")
 
 
 _RECODE_SUBSAMPLING = {"4:4:4": 0, "4:2:2": 1, "4:2:0": 2, "gray": None}
@@ -267,7 +344,7 @@ def bench_parse(files: list[tuple[str, bytes]], repeat: int) -> dict:
         result[mode] = {
             "us_mean": statistics.fmean(per_file),
             "us_median": statistics.median(per_file),
-            "us_p95": per_file[int(0.95 * (len(per_file) - 1))],
+            "us_p95": per_file[-(-95 * len(per_file) // 100) - 1],       # nearest rank
             "us_max": per_file[-1],
         }
     return {**result, **_machine()}
@@ -278,7 +355,7 @@ def bench_decode(files: list[tuple[str, bytes]], backends: list[str]) -> dict:
     from .errors import DlboosterError
 
     decoders = {"pillow": decode_pillow, "cpu": CpuBackend().decode, "model": ModelBackend().decode}
-    rows = []
+    timed: dict[str, dict[int, tuple[float, int]]] = {}
     for name in backends:
         decode = decoders[name]
         for _, data in files[:2]:  # warm-up (numba compiles on first use)
@@ -286,22 +363,27 @@ def bench_decode(files: list[tuple[str, bytes]], backends: list[str]) -> dict:
                 decode(data)
             except DlboosterError:
                 pass
-        done = declined = pixels = 0
-        elapsed = 0.0
-        for _, data in files:
+        timed[name] = {}
+        for i, (_, data) in enumerate(files):
             t0 = time.perf_counter()
             try:
                 image = decode(data)
             except DlboosterError:
-                declined += 1
                 continue
-            elapsed += time.perf_counter() - t0
-            done += 1
-            pixels += image.shape[0] * image.shape[1]
+            timed[name][i] = (time.perf_counter() - t0, image.shape[0] * image.shape[1])
+    # Rates over the images every backend decodes, so that the rows compare the same work.
+    shared = set.intersection(*(set(t) for t in timed.values())) if timed else set()
+    if not shared:
+        raise Refused(f"dlbooster bench decode: no input of the {len(files)} decodes with every one of "
+                      f"{', '.join(backends)}")
+    rows = []
+    for name, times in timed.items():
+        elapsed = sum(times[i][0] for i in shared)
+        pixels = sum(times[i][1] for i in shared)
         rows.append({
-            "backend": name, "images": done, "declined": declined, "seconds": elapsed,
-            "us_per_image": 1e6 * elapsed / max(done, 1),
-            "images_per_s": done / elapsed if elapsed else 0.0,
+            "backend": name, "images": len(shared), "decoded": len(times), "declined": len(files) - len(times),
+            "seconds": elapsed, "us_per_image": 1e6 * elapsed / len(shared),
+            "images_per_s": len(shared) / elapsed if elapsed else 0.0,
             "mpixel_per_s": pixels / elapsed / 1e6 if elapsed else 0.0,
         })
     return {"benchmark": "decode, one core", "files": len(files), "results": rows, **_machine()}
@@ -315,13 +397,15 @@ def bench_entropy(files: list[tuple[str, bytes]], ready_percent: int) -> dict:
     from .sim.harness import EntropyHarness, blocks_from_beats
 
     rows = []
+    usable = [(path, data, info) for path, data in files
+              if jpeg.classify(info := jpeg.parse(data)) is None]
+    if not usable:
+        raise Refused(f"dlbooster bench entropy: none of the {len(files)} inputs is in the hardware profile "
+                      f"(baseline or extended sequential JPEG, SPEC.md section 2)")
     t0 = time.perf_counter()
     sim_s = 0.0                   # the harness's decodes alone, not the model's checks
     with EntropyHarness() as harness:
-        for path, data in files:
-            info = jpeg.parse(data)
-            if jpeg.classify(info) is not None:
-                continue
+        for path, data, info in usable:
             start = time.perf_counter()
             result = harness.decode(data, info, ready_percent=ready_percent)
             sim_s += time.perf_counter() - start
@@ -384,6 +468,9 @@ def bench_idct(files: list[tuple[str, bytes]], lanes_list: list[int], ieee_block
         except Exception:  # the lane hands corrupt entropy data to the CPU
             continue
         hw_files.append((path, data, info, out))
+    if not hw_files:
+        raise Refused(f"dlbooster bench idct: none of the {len(files)} inputs is in the hardware profile and "
+                      f"decodes (SPEC.md section 2)")
     entropy_cycles = {}
     with EntropyHarness() as harness:
         for path, data, info, _ in hw_files:
@@ -449,6 +536,10 @@ def bench_lane(files: list[tuple[str, bytes]], max_width: int, every_file: bool 
     from .sim.harness import LaneHarness
     from .sim.verify import verify_lane
 
+    if not every_file and not any(data and jpeg.classify(jpeg.parse(data), max_width=max_width) is None
+                                  for _, data in files):
+        raise Refused(f"dlbooster bench lane: none of the {len(files)} inputs is in the hardware profile at "
+                      f"--max-width {max_width} (SPEC.md section 2; --all runs them anyway)")
     rows = []
     t0 = time.perf_counter()
     sim_s = 0.0
@@ -509,6 +600,9 @@ def bench_device(files: list[tuple[str, bytes]], lanes_list: list[int], max_widt
         if data and jpeg.classify(info, max_width=max_width) is None:
             items.append((data, info.frame.width * info.frame.height * 3))
             names.append(path)
+    if not items:
+        raise Refused(f"dlbooster bench device: none of the {len(files)} inputs is in the hardware profile at "
+                      f"--max-width {max_width} (SPEC.md section 2)")
     configs = []
     for lanes in lanes_list:
         with SimTransport(lanes=lanes, max_width=max_width) as sim:
@@ -561,27 +655,50 @@ def _print_idct(result: dict) -> None:
         print(f"{config['model_mismatches']} files differ from the model")
 
 
+def _check_model(args: argparse.Namespace) -> None:
+    """Refuse a ``--model`` torchvision does not have, before any work."""
+    import torchvision
+
+    if args.model not in torchvision.models.list_models():
+        raise Refused(f"dlbooster bench {args.kind}: --model {args.model}: not a torchvision model "
+                      f"(torchvision.models.list_models())")
+
+
 def _run_records(args: argparse.Namespace) -> dict:
     from .bench_records import bench_records
-    from .samples import default_corpus
+    from .records import RecordError
 
     paths = args.paths
     if not paths:
-        corpus = default_corpus()
-        if corpus is None:
-            raise SystemExit("no DATASET given and no shared corpus found (set DLBOOSTER_CORPUS)")
+        corpus = _corpus(args, "DATASET")
         paths = [str(corpus / "hymenoptera" / "hymenoptera_data"), str(corpus / "imagenet-sample-images")]
     for path in paths:
-        if not Path(path).is_dir():
-            raise SystemExit(f"dlbooster bench records: {path}: no such folder")
-        if not any(p.is_file() for p in Path(path).rglob("*")):
-            raise SystemExit(f"dlbooster bench records: {path}: no files")
+        folder = Path(path)
+        if not folder.is_dir():
+            what = "not a folder" if folder.exists() else "no such folder"
+            raise Refused(f"dlbooster bench records: {path}: {what}")
+        if not any(p.is_file() for p in folder.rglob("*")):
+            raise Refused(f"dlbooster bench records: {path}: no files")
+        # A folder without class folders is read as a flat folder of .jpg/.jpeg files
+        # (bench_records.dataset_roots).
+        if not any(child.is_dir() for child in folder.iterdir()) and not any(
+                f.suffix.lower() in (".jpg", ".jpeg") for f in folder.iterdir()):
+            raise Refused(f"dlbooster bench records: {path}: no .jpg or .jpeg files")
+    if args.train_epochs:
+        if not any((Path(p) / "train").is_dir() and (Path(p) / "val").is_dir() for p in paths):
+            raise Refused("dlbooster bench records: --train-epochs trains on a DATASET with train/ and val/ "
+                          "folders, and none of these has them")
+        _check_model(args)
     fidelities = [int(k) for k in args.fidelities.split(",")] if args.fidelities else None
-    result = bench_records(paths, fidelities=fidelities, rounds=args.rounds,
-                           sample=args.sample, images_per_record=args.images_per_record,
-                           loader_epochs=args.loader_epochs, batch_size=args.batch_size, workers=args.workers,
-                           train_epochs=args.train_epochs, train_fidelity=args.train_fidelity, model=args.model,
-                           image_size=args.image_size, progress=lambda m: print(m, file=sys.stderr, flush=True))
+    try:
+        result = bench_records(paths, fidelities=fidelities, rounds=args.rounds,
+                               sample=args.sample, images_per_record=args.images_per_record,
+                               loader_epochs=args.loader_epochs, batch_size=args.batch_size, workers=args.workers,
+                               train_epochs=args.train_epochs, train_fidelity=args.train_fidelity,
+                               model=args.model, image_size=args.image_size,
+                               progress=lambda m: print(m, file=sys.stderr, flush=True))
+    except RecordError as exc:
+        raise Refused(f"dlbooster bench records: {exc}") from None
     result.update(_machine())
     for d in result["datasets"]:
         print(f"\n{d['name']}: {d['images']} images ({len(d['skipped'])} skipped), {d['scans']} scan groups, "
@@ -608,10 +725,25 @@ def _run_records(args: argparse.Namespace) -> dict:
 
 
 def run(args: argparse.Namespace) -> int:
+    """Run the benchmark ``args`` names (``dlbooster bench``): print its table, write
+    ``--json``; 1 when a check inside it failed (an image differs, a core fails IEEE 1180).
+
+    Raises:
+        Refused: inputs or options it cannot measure, found before the measurement.
+    """
+    _check_json(args)
     files = _inputs(args) if args.kind not in ("backward", "records") else []
     failed = False
     if args.kind == "backward":
         from .bench_train import bench_backward
+
+        _check_model(args)
+        if args.device != "cpu":
+            import torch
+
+            if not torch.cuda.is_available():
+                raise Refused(f"dlbooster bench backward: --device {args.device}, but PyTorch finds no CUDA "
+                              f"device here")
 
         result = bench_backward(model=args.model, batch_sizes=[int(b) for b in args.batch_size.split(",")],
                                 dtypes=args.dtype.split(","), image_size=args.image_size, device=args.device,
@@ -644,7 +776,8 @@ def run(args: argparse.Namespace) -> int:
         for r in result["per_file"]:
             if not r["passed"]:
                 print(f"FAIL {r['path']}: {r['detail']}")
-        print(f"{result['files']} files, {result['stopped']} stopped by the lane, "
+        recoded = f" ({dropped} inputs Pillow could not re-encode left out)" if dropped else ""
+        print(f"{result['files']} files{recoded}, {result['stopped']} stopped by the lane, "
               f"{result['failed']} failed; "
               f"{result['simulated_clocks_per_s'] / 1e6:.2f} M simulated clocks/s")
         failed = bool(result["failed"])
@@ -664,7 +797,7 @@ def run(args: argparse.Namespace) -> int:
             result = bench_host(files, batch_size=args.batch_size, epochs=args.epochs, lanes=args.lanes,
                                 cpu_workers=args.cpu_workers, pixels=args.pixels)
         except ValueError as exc:
-            raise SystemExit(f"dlbooster bench host: {exc}") from None
+            raise Refused(f"dlbooster bench host: {exc}") from None
         result.update(_machine())
         print(_table(["epoch", "images", "wall s", "CPU s", "instrument s", "file reads s", "host us/image",
                       "with reads us/image", "images/s"],
@@ -683,19 +816,25 @@ def run(args: argparse.Namespace) -> int:
         from .bench_runtime import bench_loader
 
         lanes = [int(x) for x in args.sim_lanes.split(",") if x]
-        result = bench_loader(files, batch_size=args.batch_size, epochs=args.epochs, size=args.size,
-                              rounds=args.rounds, workers=args.workers, sim_lanes=lanes, sim_files=args.sim_files,
-                              sim_max_width=args.sim_max_width)
+        try:
+            result = bench_loader(files, batch_size=args.batch_size, epochs=args.epochs, size=args.size,
+                                  rounds=args.rounds, workers=args.workers, sim_lanes=lanes,
+                                  sim_files=args.sim_files, sim_max_width=args.sim_max_width)
+        except ValueError as exc:
+            raise Refused(f"dlbooster bench loader: {exc}") from None
         result.update(_machine())
+        if result["left_out"]:
+            print(f"{len(result['left_out'])} inputs Pillow cannot decode left out, e.g. {result['left_out'][0]}")
         rows = [[r["name"], " ".join(f"{x['images_per_s']:.0f}" for x in r["rounds"]),
                  f"{r['images_per_s']:.0f}"] for r in (result["torchvision"], result["dlbooster_cpu"])]
         print(_table(["loader", "images/s per round", "median images/s"], rows))
         print(f"dlbooster / torchvision (medians): {result['speedup']:.2f}x (goal 1.3x: "
               f"{'met' if result['goal_met'] else 'not met'})")
         if result["sim"]:
-            print(_table(["sim lanes", "images", "wall s", "images/s (sim)", "device clocks/image",
+            print(_table(["sim lanes", "images", "on the device", "wall s", "images/s (sim)", "device clocks/image",
                           "images/s at 250 MHz", "lane busy"],
-                         [[r["lanes"], r["images"], f"{r['wall_s']:.1f}", f"{r['images_per_s']:.2f}",
+                         [[r["lanes"], r["images"], r["device_images"], f"{r['wall_s']:.1f}",
+                           f"{r['images_per_s']:.2f}",
                            round(r["device_clocks_per_image"] or 0), round(r["images_per_s_at_250mhz"] or 0),
                            " ".join(f"{v:.2f}" for v in r["lane_busy"].values())] for r in result["sim"]]))
     elif args.kind == "idct":
@@ -722,11 +861,14 @@ def run(args: argparse.Namespace) -> int:
                      [[mode, result["files"], round(result["bytes_mean"]), r["us_mean"],
                        r["us_median"], r["us_p95"], r["us_max"]]
                       for mode, r in (("full", result["full"]), ("prescreen", result["prescreen"]))]))
+        print("classification: " + ", ".join(f"{'decodable' if k == 'None' else k} {v}"
+                                             for k, v in sorted(result["classification"].items())))
     else:
         result = bench_decode(files, args.backends.split(","))
-        print(_table(["backend", "images", "declined", "us/image", "images/s", "Mpixel/s"],
-                     [[r["backend"], r["images"], r["declined"], r["us_per_image"],
+        print(_table(["backend", "images timed", "decoded", "declined", "us/image", "images/s", "Mpixel/s"],
+                     [[r["backend"], r["images"], r["decoded"], r["declined"], r["us_per_image"],
                        r["images_per_s"], r["mpixel_per_s"]] for r in result["results"]]))
+        print("timed: the images every backend decodes")
     if args.json:
         Path(args.json).write_text(json.dumps(result, indent=1) + "\n")
         print(f"wrote {args.json}", file=sys.stderr)

@@ -115,7 +115,7 @@ def bench_records(datasets: list[str], *, fidelities: list[int] | None = None, r
         and PSNR per fidelity), ``read`` (per reader: cold and warm throughput),
         ``loader`` (images/s per reader); and ``training`` (runs) when asked.
     """
-    from .records import RecordSet, info, write_records
+    from .records import RecordError, RecordSet, info, write_records
     from .sources import image_folder
 
     out = {"datasets": [], "training": []}
@@ -127,7 +127,11 @@ def bench_records(datasets: list[str], *, fidelities: list[int] | None = None, r
             sets, sources, skipped, t = [], [], [], time.perf_counter()
             for root in roots:
                 target = Path(tmp) / f"{n}" / "records" / root.name
-                report = write_records(root, target, images_per_record=images_per_record)
+                try:
+                    report = write_records(root, target, images_per_record=images_per_record)
+                except RecordError as exc:
+                    # Name the user's folder, not the temporary ImageFolder made over it.
+                    raise RecordError(str(exc).replace(str(root), data)) from exc
                 skipped += report.skipped
                 left_out = {p for p, _ in report.skipped}
                 sources += [s.path for s in image_folder(root)[0] if s.path not in left_out]

@@ -161,19 +161,40 @@ def bench_loader(files: list[tuple[str, bytes]], *, batch_size: int = 32, epochs
                  rounds: int = 3, size: int = 224, workers: int = 2, sim_lanes: list[int] | None = None,
                  sim_files: int = 8, sim_max_width: int = 512) -> dict:
     """dlbooster Loader (cpu backend) vs torchvision ImageFolder + DataLoader, and the
-    Loader on the simulated device for each lane count in ``sim_lanes``."""
+    Loader on the simulated device for each lane count in ``sim_lanes``.
+
+    Only the inputs Pillow decodes are timed (torchvision's ImageFolder stops at the
+    first it cannot); ``result["left_out"]`` names the others.
+
+    Raises:
+        ValueError: Pillow decodes none of ``files``.
+    """
     import torch
     from torch.utils.data import DataLoader
     from torchvision import datasets, transforms as T
 
+    from .backends import decode_pillow
+    from .errors import DlboosterError
     from .loader import Loader
     from .transforms import train_transform
+
+    usable, left_out = [], []
+    for path, data in files:
+        try:
+            decode_pillow(data)
+        except DlboosterError:
+            left_out.append(path)
+        else:
+            usable.append((path, data))
+    if not usable:
+        raise ValueError(f"Pillow decodes none of the {len(files)} inputs")
+    files = usable
 
     # One intra-op thread, as in each DataLoader worker: the decode threads use the other
     # cores, and OpenMP threads spinning beside them slow everything several-fold.
     torch.set_num_threads(1)
-    result = {"kind": "loader", "files": len(files), "batch_size": batch_size, "size": size,
-              "workers": workers, "epochs": epochs, "rounds": rounds}
+    result = {"kind": "loader", "files": len(files), "left_out": left_out, "batch_size": batch_size,
+              "size": size, "workers": workers, "epochs": epochs, "rounds": rounds}
     with tempfile.TemporaryDirectory() as tmp:
         root = _image_folder(files, Path(tmp) / "data")
         tv_transform = T.Compose([T.RandomResizedCrop(size), T.RandomHorizontalFlip(), T.ToTensor(),

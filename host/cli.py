@@ -337,7 +337,11 @@ def _cmd_build(args: argparse.Namespace) -> int:
 def _cmd_bench(args: argparse.Namespace) -> int:
     from . import bench
 
-    return bench.run(args)
+    try:
+        return bench.run(args)
+    except bench.Refused as exc:
+        print(exc, file=sys.stderr)
+        return 2
 
 
 def _cmd_debug_lane(args: argparse.Namespace) -> int:
