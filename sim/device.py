@@ -73,22 +73,53 @@ def _yosys_version() -> str:
     return f"{bundled} {os.environ.get('AMARANTH_USE_YOSYS', '')}"
 
 
-def _source_key(params: dict) -> str:
-    """Hash of everything the build depends on: the gateware sources and the runtime
-    modules they import, the parameters, Amaranth's and Yosys's versions, the flattening
-    script and build helper (sim/flow.py); the harness source, the flags, the Verilator
-    configuration, Verilator's version and the build environment."""
+def source_key(params: dict, files: list[Path], flags: list[str]) -> str:
+    """Hash of everything a Verilator build of the gateware depends on, known without
+    elaborating it: the gateware sources and the runtime modules they import, the
+    parameters, Amaranth's and Yosys's versions, the flattening script and build helper
+    (sim/flow.py); ``files`` (the harness sources, and any gateware outside
+    ``dlbooster.hw``), ``flags``, the Verilator configuration, Verilator's version and the
+    build environment. 20 hex digits."""
     import amaranth
 
     digest = hashlib.sha256()
     for path in _gateware_sources():
         digest.update(path.name.encode() + b"\0" + path.read_bytes())
     digest.update(json.dumps([params, amaranth.__version__, _yosys_version(), verilator_version(),
-                              VERILATOR_FLAGS, _FLAGS, build_environment_key()]).encode())
-    digest.update(_CPP.read_bytes())
+                              VERILATOR_FLAGS, flags, build_environment_key()]).encode())
+    for path in files:
+        digest.update(path.read_bytes())
     digest.update(SPEED_CONFIG.read_bytes())
     digest.update((Path(__file__).parent / "flow.py").read_bytes())
     return digest.hexdigest()[:20]
+
+
+def _source_key(params: dict) -> str:
+    return source_key(params, [_CPP], _FLAGS)
+
+
+def indexed_build(root: Path, key: str, build) -> Path:
+    """The product that ``build()`` makes, found again by ``key``
+    (:func:`source_key`) without calling it: an index file ``root/index-KEY`` holds
+    the product's path relative to ``root`` (so the cache may be moved or copied
+    whole); a product whose bytes fail :func:`~dlbooster.sim.flow.product_ok` is
+    built again."""
+    index = root / f"index-{key}"
+    try:
+        known = root / index.read_text()
+    except OSError:
+        known = None
+    if known is not None and product_ok(known):
+        return known
+    product = build()
+    # Written whole or not at all: a concurrent reader never sees a partial path.
+    partial = index.with_name(f"{index.name}.{os.getpid()}")
+    try:
+        partial.write_text(str(product.relative_to(root)))
+        os.replace(partial, index)
+    except (OSError, ValueError) as exc:      # a read-only cache: found by elaborating next time too
+        log.info("build index %s not written: %s", index, exc)
+    return product
 
 
 def build_device_library(lanes: int = 1, max_width: int = 8192, data_width: int = 128,
@@ -107,32 +138,22 @@ def build_device_library(lanes: int = 1, max_width: int = 8192, data_width: int 
     params = {"lanes": lanes, "max_width": max_width, "data_width": data_width,
               "job_depth": job_depth, "done_depth": done_depth}
     root = make_folder(cache_root() / "device")
-    index = root / f"index-{_source_key(params)}"
-    try:
-        known = root / index.read_text()    # relative: the cache may be moved or copied whole
-    except OSError:
-        known = None
-    if known is not None and product_ok(known):
-        return known
-    from dlbooster.hw.device import Device
 
-    # A warning, so that it shows by default: minutes of silence look like a hang.
-    log.warning("building the simulated decoder device (%d lane(s), %d-pixel line buffers): elaboration, "
-                "Yosys, Verilator and the C++ compiler take a few minutes, once; it is cached in %s",
-                lanes, max_width, root)
-    start = time.monotonic()
-    lib = build_verilated(export_flat_verilog(Device(**params), TOP), TOP, _CPP, _FLAGS, folder=root,
-                          name=TOP, output="libdlbdevice.so",
-                          sources=[_CPP.read_text(), SPEED_CONFIG.read_text()])
-    # Written whole or not at all: a concurrent reader never sees a partial path.
-    partial = index.with_name(f"{index.name}.{os.getpid()}")
-    try:
-        partial.write_text(str(lib.relative_to(root)))
-        os.replace(partial, index)
-    except OSError as exc:                # a read-only cache: found by elaborating next time too
-        log.info("simulated decoder device index not written: %s", exc)
-    log.info("simulated decoder device ready after %.0f s: %s", time.monotonic() - start, lib)
-    return lib
+    def build() -> Path:
+        from dlbooster.hw.device import Device
+
+        # A warning, so that it shows by default: minutes of silence look like a hang.
+        log.warning("building the simulated decoder device (%d lane(s), %d-pixel line buffers): elaboration, "
+                    "Yosys, Verilator and the C++ compiler take a few minutes, once; it is cached in %s",
+                    lanes, max_width, root)
+        start = time.monotonic()
+        lib = build_verilated(export_flat_verilog(Device(**params), TOP), TOP, _CPP, _FLAGS, folder=root,
+                              name=TOP, output="libdlbdevice.so",
+                              sources=[_CPP.read_text(), SPEED_CONFIG.read_text()])
+        log.info("simulated decoder device ready after %.0f s: %s", time.monotonic() - start, lib)
+        return lib
+
+    return indexed_build(root, _source_key(params), build)
 
 
 @dataclass

@@ -4,7 +4,8 @@ cocotb drives the core one clock at a time from Python (a few thousand clocks pe
 second); this harness runs the clocks in C++ (``sim/cpp/entropy_main.cpp``), millions
 per second, for benchmarks and full-corpus checks. The executable is built on first use
 and cached by a hash of the flattened Verilog (:func:`dlbooster.sim.flow.export_flat_verilog`)
-and the harness source.
+and the harness source; an index keyed by the gateware's Python sources and the
+parameters finds it again without elaborating the design (as the simulated device's).
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .flow import SPEED_CONFIG, build_verilated, cache_root, export_flat_verilog, toolchain_env
+from .flow import SPEED_CONFIG, build_verilated, cache_root, export_flat_verilog, make_folder, toolchain_env
 
 __all__ = ["EntropyHarness", "HarnessResult", "IdctHarness", "IdctResult", "blocks_from_beats",
            "build_chain_harness", "build_entropy_harness", "build_idct_harness", "pack",
@@ -29,43 +30,54 @@ _CPP_LANE = Path(__file__).parent / "cpp" / "lane_main.cpp"
 TIMEOUT = 0xFFFFFFFF
 
 
-def _build_harness(component, top: str, cpp: Path, exe_name: str, cflags: str = "") -> Path:
-    """Build (or reuse) a Verilator executable of ``component`` driven by ``cpp``
-    (:func:`dlbooster.sim.flow.build_verilated`)."""
+def _build_harness(make, params: dict, top: str, cpp: Path, exe_name: str, cflags: str = "",
+                   extra: tuple[Path, ...] = ()) -> Path:
+    """Build (or reuse) a Verilator executable of the component ``make()`` returns,
+    driven by ``cpp`` (:func:`dlbooster.sim.flow.build_verilated`). ``params`` are the
+    component's; with ``extra`` (its sources outside ``dlbooster.hw``) they key an
+    index (:func:`dlbooster.sim.device.indexed_build`) that finds a finished build
+    without elaborating and flattening the design again (tens of seconds for a lane)."""
+    from .device import indexed_build, source_key
+
     toolchain_env()
-    source = cpp.read_text() + (cpp.parent / "harness.h").read_text() + SPEED_CONFIG.read_text()
-    return build_verilated(export_flat_verilog(component, top), top, cpp, ["-CFLAGS", f"-O2 {cflags}".strip()],
-                           folder=cache_root() / "harness", name=exe_name, output=f"V{exe_name}",
-                           sources=[source])
+    header = cpp.parent / "harness.h"
+    source = cpp.read_text() + header.read_text() + SPEED_CONFIG.read_text()
+    flags = ["-CFLAGS", f"-O2 {cflags}".strip()]
+    root = make_folder(cache_root() / "harness")
+    key = source_key({"top": top, "harness": exe_name, **params}, [cpp, header, *extra], flags)
+    return indexed_build(root, f"{exe_name}-{key}", lambda: build_verilated(
+        export_flat_verilog(make(), top), top, cpp, flags, folder=root, name=exe_name, output=f"V{exe_name}",
+        sources=[source]))
 
 
 def build_entropy_harness() -> Path:
     """Build (or reuse) the entropy decoder's Verilator harness; returns its path."""
     from dlbooster.hw.entropy import EntropyDecoder
 
-    return _build_harness(EntropyDecoder(), "entropy_decoder", _CPP, "entropy")
+    return _build_harness(EntropyDecoder, {}, "entropy_decoder", _CPP, "entropy")
 
 
 def build_idct_harness(lanes: int = 1) -> Path:
     """Build (or reuse) the Verilator harness of ``Idct(lanes)``; returns its path."""
     from dlbooster.hw.idct import Idct
 
-    return _build_harness(Idct(lanes), "idct", _CPP_IDCT, "idct", f"-DLANES={lanes}")
+    return _build_harness(lambda: Idct(lanes), {"lanes": lanes}, "idct", _CPP_IDCT, "idct", f"-DLANES={lanes}")
 
 
 def build_chain_harness(fifo_depth: int = 0, lanes: int = 1) -> Path:
     """Build (or reuse) the harness of :class:`dlbooster.sim.chain.EntropyIdctChain`."""
     from .chain import EntropyIdctChain
 
-    return _build_harness(EntropyIdctChain(fifo_depth, lanes), "chain", _CPP_CHAIN, "chain",
-                          f"-DLANES={lanes}")
+    return _build_harness(lambda: EntropyIdctChain(fifo_depth, lanes), {"fifo_depth": fifo_depth, "lanes": lanes},
+                          "chain", _CPP_CHAIN, "chain", f"-DLANES={lanes}", extra=(Path(__file__).parent / "chain.py",))
 
 
 def build_lane_harness(max_width: int = 8192, lanes: int = 4) -> Path:
     """Build (or reuse) the Verilator harness of :class:`dlbooster.hw.lane.Lane`."""
     from dlbooster.hw.lane import Lane
 
-    return _build_harness(Lane(max_width, lanes), "lane", _CPP_LANE, "lane")
+    return _build_harness(lambda: Lane(max_width, lanes), {"max_width": max_width, "lanes": lanes}, "lane",
+                          _CPP_LANE, "lane")
 
 
 @dataclass

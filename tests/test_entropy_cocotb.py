@@ -158,6 +158,20 @@ def test_entropy_core_harness_with_backpressure(vectors):
     assert {r["status"] for r in rows} - {0}, "faulty vectors must report a fault"
 
 
+@pytest.mark.skipif(not simulator_available("verilator"), reason="verilator not installed")
+def test_a_built_harness_is_found_without_elaborating(monkeypatch):
+    """The harness index finds a finished build from the gateware's sources alone: no
+    elaboration and Yosys flattening (tens of seconds for a lane) before each run."""
+    from dlbooster.sim import harness
+
+    built = harness.build_entropy_harness()
+
+    def no_export(*args, **kwargs):
+        raise AssertionError("the design was elaborated again")
+    monkeypatch.setattr(harness, "export_flat_verilog", no_export)
+    assert harness.build_entropy_harness() == built
+
+
 @pytest.mark.corpus
 @pytest.mark.skipif(not simulator_available("verilator"), reason="verilator not installed")
 def test_entropy_core_full_corpus():
