@@ -82,9 +82,9 @@ def _choices_list(*choices: str):
     """argparse type: a non-empty comma-separated subset of ``choices`` (kept as the text)."""
     def check(text: str) -> str:
         items = text.split(",")
-        if not text or any(item not in choices for item in items):
-            raise argparse.ArgumentTypeError(f"{text!r}: give one or more of {', '.join(choices)}, separated by "
-                                             f"commas")
+        if not text or any(item not in choices for item in items) or len(set(items)) < len(items):
+            raise argparse.ArgumentTypeError(f"{text!r}: give one or more of {', '.join(choices)}, each once, "
+                                             f"separated by commas")
         return text
     return check
 
@@ -249,13 +249,13 @@ def _corpus(args: argparse.Namespace, what: str) -> Path:
 
     from .samples import default_corpus
 
+    kind = getattr(args, "kind", "")          # scripts call _inputs with a Namespace of their own
     named = os.environ.get("DLBOOSTER_CORPUS")
     if named and not Path(named).is_dir():
-        raise Refused(f"dlbooster bench {args.kind}: DLBOOSTER_CORPUS={named}: no such folder")
+        raise Refused(f"dlbooster bench {kind}: DLBOOSTER_CORPUS={named}: no such folder")
     corpus = default_corpus()
     if corpus is None:
-        raise Refused(f"dlbooster bench {args.kind}: no {what} given and no shared corpus found "
-                      f"(set DLBOOSTER_CORPUS)")
+        raise Refused(f"dlbooster bench {kind}: no {what} given and no shared corpus found (set DLBOOSTER_CORPUS)")
     return corpus
 
 
@@ -268,6 +268,14 @@ def _check_json(args: argparse.Namespace) -> None:
         raise Refused(f"dlbooster bench {args.kind}: --json {args.json!r}: give a file name")
     if not target.parent.is_dir():
         raise Refused(f"dlbooster bench {args.kind}: --json {args.json}: no such folder {target.parent}")
+    existed = target.exists()
+    try:
+        with open(target, "a"):
+            pass
+    except OSError as exc:
+        raise Refused(f"dlbooster bench {args.kind}: --json {args.json}: {exc.strerror or exc}") from None
+    if not existed:
+        target.unlink()
 
 
 _RECODE_SUBSAMPLING = {"4:4:4": 0, "4:2:2": 1, "4:2:0": 2, "gray": None}
@@ -356,6 +364,7 @@ def bench_decode(files: list[tuple[str, bytes]], backends: list[str]) -> dict:
 
     decoders = {"pillow": decode_pillow, "cpu": CpuBackend().decode, "model": ModelBackend().decode}
     timed: dict[str, dict[int, tuple[float, int]]] = {}
+    shared = set(range(len(files)))
     for name in backends:
         decode = decoders[name]
         for _, data in files[:2]:  # warm-up (numba compiles on first use)
@@ -371,11 +380,12 @@ def bench_decode(files: list[tuple[str, bytes]], backends: list[str]) -> dict:
             except DlboosterError:
                 continue
             timed[name][i] = (time.perf_counter() - t0, image.shape[0] * image.shape[1])
-    # Rates over the images every backend decodes, so that the rows compare the same work.
-    shared = set.intersection(*(set(t) for t in timed.values())) if timed else set()
-    if not shared:
-        raise Refused(f"dlbooster bench decode: no input of the {len(files)} decodes with every one of "
-                      f"{', '.join(backends)}")
+        # Rates over the images every backend decodes, so that the rows compare the same
+        # work; refused as soon as no image is left, before the other backends run.
+        shared &= set(timed[name])
+        if not shared:
+            raise Refused(f"dlbooster bench decode: no input of the {len(files)} decodes with every one of "
+                          f"{', '.join(backends[:len(timed)])}")
     rows = []
     for name, times in timed.items():
         elapsed = sum(times[i][0] for i in shared)
@@ -536,6 +546,8 @@ def bench_lane(files: list[tuple[str, bytes]], max_width: int, every_file: bool 
     from .sim.harness import LaneHarness
     from .sim.verify import verify_lane
 
+    if not any(data for _, data in files):
+        raise Refused(f"dlbooster bench lane: none of the {len(files)} inputs has any bytes")
     if not every_file and not any(data and jpeg.classify(jpeg.parse(data), max_width=max_width) is None
                                   for _, data in files):
         raise Refused(f"dlbooster bench lane: none of the {len(files)} inputs is in the hardware profile at "
@@ -659,9 +671,38 @@ def _check_model(args: argparse.Namespace) -> None:
     """Refuse a ``--model`` torchvision does not have, before any work."""
     import torchvision
 
-    if args.model not in torchvision.models.list_models():
-        raise Refused(f"dlbooster bench {args.kind}: --model {args.model}: not a torchvision model "
-                      f"(torchvision.models.list_models())")
+    if args.model not in torchvision.models.list_models(module=torchvision.models):
+        raise Refused(f"dlbooster bench {args.kind}: --model {args.model}: not a torchvision classification "
+                      f"model (torchvision.models.list_models(module=torchvision.models))")
+
+
+def _record_sources(folder: Path) -> list[str]:
+    """The image files ``bench records`` stores from the data set ``folder``, as
+    :func:`dlbooster.bench_records.dataset_roots` reads it: ``train``/``val``
+    ImageFolders, a flat folder of .jpg/.jpeg files, or one ImageFolder.
+
+    Raises:
+        OSError: as :func:`dlbooster.sources.image_folder` (no class folder, a class
+            folder without images, an unreadable folder).
+    """
+    from .sources import image_folder
+
+    if (folder / "train").is_dir() and (folder / "val").is_dir():
+        roots = [folder / "train", folder / "val"]
+    elif not any(child.is_dir() for child in folder.iterdir()):
+        return [str(f) for f in sorted(folder.iterdir()) if f.suffix.lower() in (".jpg", ".jpeg")]
+    else:
+        roots = [folder]
+    return [sample.path for root in roots for sample in image_folder(root)[0]]
+
+
+def _starts_jpeg(path: str) -> bool:
+    """Whether the file begins with a JPEG's SOI marker (False when it cannot be read)."""
+    try:
+        with open(path, "rb") as f:
+            return f.read(2) == b"\xff\xd8"
+    except OSError:
+        return False
 
 
 def _run_records(args: argparse.Namespace) -> dict:
@@ -672,18 +713,19 @@ def _run_records(args: argparse.Namespace) -> dict:
     if not paths:
         corpus = _corpus(args, "DATASET")
         paths = [str(corpus / "hymenoptera" / "hymenoptera_data"), str(corpus / "imagenet-sample-images")]
-    for path in paths:
+    for path in paths:             # every data set checked before the first is measured
         folder = Path(path)
         if not folder.is_dir():
             what = "not a folder" if folder.exists() else "no such folder"
             raise Refused(f"dlbooster bench records: {path}: {what}")
         if not any(p.is_file() for p in folder.rglob("*")):
             raise Refused(f"dlbooster bench records: {path}: no files")
-        # A folder without class folders is read as a flat folder of .jpg/.jpeg files
-        # (bench_records.dataset_roots).
-        if not any(child.is_dir() for child in folder.iterdir()) and not any(
-                f.suffix.lower() in (".jpg", ".jpeg") for f in folder.iterdir()):
-            raise Refused(f"dlbooster bench records: {path}: no .jpg or .jpeg files")
+        try:
+            sources = _record_sources(folder)
+        except OSError as exc:
+            raise Refused(f"dlbooster bench records: {path}: {exc}") from None
+        if not any(_starts_jpeg(f) for f in sources):
+            raise Refused(f"dlbooster bench records: {path}: no JPEG files")
     if args.train_epochs:
         if not any((Path(p) / "train").is_dir() and (Path(p) / "val").is_dir() for p in paths):
             raise Refused("dlbooster bench records: --train-epochs trains on a DATASET with train/ and val/ "
@@ -697,7 +739,7 @@ def _run_records(args: argparse.Namespace) -> dict:
                                train_epochs=args.train_epochs, train_fidelity=args.train_fidelity,
                                model=args.model, image_size=args.image_size,
                                progress=lambda m: print(m, file=sys.stderr, flush=True))
-    except RecordError as exc:
+    except (RecordError, FileNotFoundError) as exc:
         raise Refused(f"dlbooster bench records: {exc}") from None
     result.update(_machine())
     for d in result["datasets"]:
@@ -729,7 +771,8 @@ def run(args: argparse.Namespace) -> int:
     ``--json``; 1 when a check inside it failed (an image differs, a core fails IEEE 1180).
 
     Raises:
-        Refused: inputs or options it cannot measure, found before the measurement.
+        Refused: inputs or options it cannot measure, found before the measurement; or a
+            ``--json`` FILE that could be written before the run and cannot after it.
     """
     _check_json(args)
     files = _inputs(args) if args.kind not in ("backward", "records") else []
@@ -741,9 +784,10 @@ def run(args: argparse.Namespace) -> int:
         if args.device != "cpu":
             import torch
 
-            if not torch.cuda.is_available():
-                raise Refused(f"dlbooster bench backward: --device {args.device}, but PyTorch finds no CUDA "
-                              f"device here")
+            index = int(args.device.partition(":")[2] or 0)
+            if index >= torch.cuda.device_count():
+                raise Refused(f"dlbooster bench backward: --device {args.device}, but PyTorch finds "
+                              f"{torch.cuda.device_count()} CUDA device(s) here")
 
         result = bench_backward(model=args.model, batch_sizes=[int(b) for b in args.batch_size.split(",")],
                                 dtypes=args.dtype.split(","), image_size=args.image_size, device=args.device,
@@ -760,6 +804,8 @@ def run(args: argparse.Namespace) -> int:
         dropped = 0
         if args.recode:
             files, dropped = _recode(files, args.recode)
+            if not files:
+                raise Refused(f"dlbooster bench lane: Pillow could not re-encode any of the {dropped} inputs")
         result = bench_lane(files, args.max_width, args.all)
         result["recode"] = args.recode
         result["recode_dropped"] = dropped
@@ -816,12 +862,9 @@ def run(args: argparse.Namespace) -> int:
         from .bench_runtime import bench_loader
 
         lanes = [int(x) for x in args.sim_lanes.split(",") if x]
-        try:
-            result = bench_loader(files, batch_size=args.batch_size, epochs=args.epochs, size=args.size,
-                                  rounds=args.rounds, workers=args.workers, sim_lanes=lanes,
-                                  sim_files=args.sim_files, sim_max_width=args.sim_max_width)
-        except ValueError as exc:
-            raise Refused(f"dlbooster bench loader: {exc}") from None
+        result = bench_loader(files, batch_size=args.batch_size, epochs=args.epochs, size=args.size,
+                              rounds=args.rounds, workers=args.workers, sim_lanes=lanes,
+                              sim_files=args.sim_files, sim_max_width=args.sim_max_width)
         result.update(_machine())
         if result["left_out"]:
             print(f"{len(result['left_out'])} inputs Pillow cannot decode left out, e.g. {result['left_out'][0]}")
@@ -870,6 +913,9 @@ def run(args: argparse.Namespace) -> int:
                        r["images_per_s"], r["mpixel_per_s"]] for r in result["results"]]))
         print("timed: the images every backend decodes")
     if args.json:
-        Path(args.json).write_text(json.dumps(result, indent=1) + "\n")
+        try:
+            Path(args.json).write_text(json.dumps(result, indent=1) + "\n")
+        except OSError as exc:          # checked before the run; something changed since
+            raise Refused(f"dlbooster bench {args.kind}: --json {args.json}: {exc.strerror or exc}") from None
         print(f"wrote {args.json}", file=sys.stderr)
     return 1 if failed else 0

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import os
 import statistics
+import re
 import tempfile
 import time
 from pathlib import Path
@@ -130,8 +131,10 @@ def bench_records(datasets: list[str], *, fidelities: list[int] | None = None, r
                 try:
                     report = write_records(root, target, images_per_record=images_per_record)
                 except RecordError as exc:
-                    # Name the user's folder, not the temporary ImageFolder made over it.
-                    raise RecordError(str(exc).replace(str(root), data)) from exc
+                    # Name the user's files, not the links of the temporary ImageFolder made
+                    # over a flat folder.
+                    raise RecordError(re.sub(re.escape(str(root)) + r"[^\s:;,()]*", lambda m: data if m.group(0) == str(
+                        root) else os.path.realpath(m.group(0)), str(exc))) from exc
                 skipped += report.skipped
                 left_out = {p for p, _ in report.skipped}
                 sources += [s.path for s in image_folder(root)[0] if s.path not in left_out]

@@ -167,7 +167,7 @@ def bench_loader(files: list[tuple[str, bytes]], *, batch_size: int = 32, epochs
     first it cannot); ``result["left_out"]`` names the others.
 
     Raises:
-        ValueError: Pillow decodes none of ``files``.
+        dlbooster.bench.Refused: Pillow decodes none of ``files``.
     """
     import torch
     from torch.utils.data import DataLoader
@@ -187,7 +187,9 @@ def bench_loader(files: list[tuple[str, bytes]], *, batch_size: int = 32, epochs
         else:
             usable.append((path, data))
     if not usable:
-        raise ValueError(f"Pillow decodes none of the {len(files)} inputs")
+        from .bench import Refused
+
+        raise Refused(f"dlbooster bench loader: Pillow decodes none of the {len(files)} inputs")
     files = usable
 
     # One intra-op thread, as in each DataLoader worker: the decode threads use the other

@@ -44,7 +44,8 @@ def _build_harness(make, params: dict, top: str, cpp: Path, exe_name: str, cflag
     source = cpp.read_text() + header.read_text() + SPEED_CONFIG.read_text()
     flags = ["-CFLAGS", f"-O2 {cflags}".strip()]
     root = make_folder(cache_root() / "harness")
-    key = source_key({"top": top, "harness": exe_name, **params}, [cpp, header, *extra], flags)
+    # This file too: it maps the parameters onto the component's constructor.
+    key = source_key({"top": top, "harness": exe_name, **params}, [cpp, header, Path(__file__), *extra], flags)
     return indexed_build(root, f"{exe_name}-{key}", lambda: build_verilated(
         export_flat_verilog(make(), top), top, cpp, flags, folder=root, name=exe_name, output=f"V{exe_name}",
         sources=[source]))

@@ -353,13 +353,26 @@ def test_bench_refuses_before_measuring(tmp_path, capsys, monkeypatch):
     text = tmp_path / "text"
     text.mkdir()
     (text / "a.txt").write_text("not an image")
+    classes = tmp_path / "classes"
+    (classes / "a").mkdir(parents=True)
+    (classes / "a" / "notes.txt").write_text("no images")
+    good = tmp_path / "good"
+    good.mkdir()
+    (good / "a.jpg").write_bytes(photo.read_bytes())
+    fake = tmp_path / "fake"
+    fake.mkdir()
+    (fake / "t.jpg").write_text("a .jpg that is not a JPEG")
+    (tmp_path / "zero.jpg").write_bytes(b"")
+
+    def measured(*args, **kwargs):
+        raise AssertionError("a refused benchmark measured")
+    # Each refusal comes before the measurement: records are never written.
+    monkeypatch.setattr("dlbooster.bench_records.bench_records", measured)
     cases = [(["parse", "--json", str(tmp_path / "nope" / "x.json"), str(photo)],
               f"dlbooster bench parse: --json {tmp_path / 'nope' / 'x.json'}: no such folder"),
              (["parse", "--json", str(tmp_path), str(photo)], f"dlbooster bench parse: --json '{tmp_path}': give a "
                                                               f"file name"),
              (["decode", "--json", "", str(photo)], "dlbooster bench decode: --json '': give a file name"),
-             (["decode", "--backends", "model", str(progressive)],
-              "dlbooster bench decode: no input of the 1 decodes with every one of model"),
              (["entropy", str(progressive)], "dlbooster bench entropy: none of the 1 inputs is in the hardware"),
              (["idct", "--lanes", "1", "--ieee-blocks", "0", str(progressive)],
               "dlbooster bench idct: none of the 1 inputs is in the hardware profile"),
@@ -368,19 +381,38 @@ def test_bench_refuses_before_measuring(tmp_path, capsys, monkeypatch):
              (["device", "--max-width", "16", str(photo)],
               "dlbooster bench device: none of the 1 inputs is in the hardware profile at --max-width 16"),
              (["loader", str(text)], "dlbooster bench loader: Pillow decodes none of the 1 inputs"),
-             (["records", str(text)], f"dlbooster bench records: {text}: no .jpg or .jpeg files"),
-             (["records", "--train-epochs", "1", str(tmp_path)],
+             (["records", str(text)], f"dlbooster bench records: {text}: no JPEG files"),
+             (["records", str(good), str(classes)], f"dlbooster bench records: {classes}: Found no valid file "
+                                                        f"for the classes a"),
+             (["records", str(good), str(fake)], f"dlbooster bench records: {fake}: no JPEG files"),
+             (["lane", "--recode", "4:2:0@90", str(text / "a.txt")],
+              "dlbooster bench lane: Pillow could not re-encode any of the 1 inputs"),
+             (["lane", "--all", str(tmp_path / "zero.jpg")], "dlbooster bench lane: none of the 1 inputs has any "
+                                                            "bytes"),
+             (["parse", "--json", "/proc/x.json", str(photo)], "dlbooster bench parse: --json /proc/x.json: "),
+             (["records", "--train-epochs", "1", str(good)],
               "dlbooster bench records: --train-epochs trains on a DATASET with train/ and val/"),
-             (["backward", "--model", "nosuch"], "dlbooster bench backward: --model nosuch: not a torchvision model")]
+             (["backward", "--model", "nosuch"], "dlbooster bench backward: --model nosuch: not a torchvision "
+                                                 "classification model"),
+             (["backward", "--model", "raft_small"], "dlbooster bench backward: --model raft_small: not a "
+                                                     "torchvision classification model")]
     import torch
 
     if not torch.cuda.is_available():
         cases.append((["backward", "--device", "cuda"], "dlbooster bench backward: --device cuda, but PyTorch "
-                                                        "finds no CUDA device here"))
+                                                        "finds 0 CUDA device(s) here"))
+    cases.append((["backward", "--device", "cuda:99"], "dlbooster bench backward: --device cuda:99, but PyTorch "
+                                                       "finds"))
     for argv, message in cases:
         assert main(["bench", *argv]) == 2, argv
         err = capsys.readouterr().err
         assert err.startswith(message) and err.count("\n") == 1, (argv, err)
+    # bench decode stops at the first backend that leaves no input to compare: Pillow,
+    # the second, never runs.
+    with monkeypatch.context() as patched:
+        patched.setattr("dlbooster.backends.decode_pillow", measured)
+        assert main(["bench", "decode", "--backends", "model,pillow", str(progressive)]) == 2
+    assert capsys.readouterr().err == "dlbooster bench decode: no input of the 1 decodes with every one of model\n"
     monkeypatch.setenv("DLBOOSTER_CORPUS", str(tmp_path / "elsewhere"))
     assert main(["bench", "parse"]) == 2
     assert capsys.readouterr().err == f"dlbooster bench parse: DLBOOSTER_CORPUS={tmp_path / 'elsewhere'}: " \
@@ -394,6 +426,7 @@ def test_bench_options_are_checked_when_parsed():
                        ("--fidelities", ["records", "--fidelities", "abc"]),
                        ("--fidelities", ["records", "--fidelities", "0"]),
                        ("--dtype", ["backward", "--dtype", "fp16"]), ("--dtype", ["backward", "--dtype", ""]),
+                       ("--backends", ["decode", "--backends", "pillow,pillow"]),
                        ("--ready", ["entropy", "--ready", "101"]), ("--ready", ["entropy", "--ready", "5000000000"])):
         done = subprocess.run([sys.executable, "-m", "dlbooster.cli", "bench", *argv], capture_output=True, text=True)
         assert done.returncode == 2 and f"error: argument {flag}" in done.stderr, (argv, done.stderr)

@@ -266,7 +266,7 @@ def test_the_cache_folder_is_absolute_and_an_unusable_one_is_one_line(tmp_path, 
     assert err.count("\n") == 1 and err.startswith("dlbooster decode: build cache ") and "a-file" in err
 
 
-def test_the_build_environment_and_the_runtime_modules_the_gateware_imports_are_in_the_cache_keys(monkeypatch):
+def test_the_build_environment_and_the_runtime_modules_the_gateware_imports_are_in_the_cache_keys(monkeypatch, tmp_path):
     """make takes MAKEFLAGS and CXX from the environment, and the gateware imports the
     runtime's zigzag order: a change to either must not reuse an old build."""
     from dlbooster.sim import device, flow
@@ -284,6 +284,15 @@ def test_the_build_environment_and_the_runtime_modules_the_gateware_imports_are_
     key = device._source_key({"lanes": 1})
     monkeypatch.setenv("MAKEFLAGS", "OPT_FAST=-O1")
     assert device._source_key({"lanes": 1}) != key
+    # The harnesses' key: their parameters and every file given (the C++ harness, its
+    # header, sim/harness.py, sim/chain.py) are in it.
+    extra = tmp_path / "harness.cpp"
+    extra.write_text("int main() { return 0; }")
+    base = device.source_key({"max_width": 64}, [extra], ["-CFLAGS", "-O2"])
+    assert device.source_key({"max_width": 128}, [extra], ["-CFLAGS", "-O2"]) != base
+    assert device.source_key({"max_width": 64}, [extra], ["-CFLAGS", "-O1"]) != base
+    extra.write_text("int main() { return 1; }")
+    assert device.source_key({"max_width": 64}, [extra], ["-CFLAGS", "-O2"]) != base
     import dlbooster.hw.idct
     import dlbooster.jpeg
 
