@@ -249,7 +249,7 @@ def _corpus(args: argparse.Namespace, what: str) -> Path:
 
     from .samples import default_corpus
 
-    kind = getattr(args, "kind", "")          # scripts call _inputs with a Namespace of their own
+    kind = args.kind
     named = os.environ.get("DLBOOSTER_CORPUS")
     if named and not Path(named).is_dir():
         raise Refused(f"dlbooster bench {kind}: DLBOOSTER_CORPUS={named}: no such folder")

@@ -35,7 +35,7 @@ def child(epochs: int, marks: Path) -> None:
     from dlbooster.bench import _inputs
     from dlbooster.bench_runtime import host_loader
 
-    loader, _ = host_loader(_inputs(argparse.Namespace(paths=[], limit=0)))   # as `dlbooster bench host` does
+    loader, _ = host_loader(_inputs(argparse.Namespace(paths=[], limit=0, kind="host")))   # as `bench host` does
     loader.set_epoch(0)
     sum(len(batch[1]) for batch in loader)
     (marks / "warm").write_text(str(os.getpid()))
