@@ -33,6 +33,7 @@ Inputs default to the ImageNet sample photos of the shared corpus
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import platform
 import statistics
@@ -157,7 +158,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
             p.add_argument("paths", nargs="*", metavar="PATH",
                            help="files or folders (default: the corpus ImageNet sample photos)")
             p.add_argument("--limit", type=_count, default=0, help="use at most N files (0: all)")
-        p.add_argument("--json", metavar="FILE", help="write the results as JSON")
+        p.add_argument("--json", metavar="FILE", help="write the results as JSON (-: to stdout, the table to "
+                                                      "stderr)")
         if kind == "parse":
             p.add_argument("--repeat", type=_positive, default=20, help="timed repetitions per file")
         elif kind == "idct":
@@ -261,7 +263,7 @@ def _corpus(args: argparse.Namespace, what: str) -> Path:
 
 def _check_json(args: argparse.Namespace) -> None:
     """Refuse a ``--json`` FILE that cannot be written, before minutes of measurement."""
-    if args.json is None:
+    if args.json in (None, "-"):
         return
     target = Path(args.json)
     if not args.json or target.is_dir():
@@ -768,13 +770,31 @@ def _run_records(args: argparse.Namespace) -> dict:
 
 def run(args: argparse.Namespace) -> int:
     """Run the benchmark ``args`` names (``dlbooster bench``): print its table, write
-    ``--json``; 1 when a check inside it failed (an image differs, a core fails IEEE 1180).
+    ``--json`` (``-``: the JSON alone on stdout, the table on stderr); 1 when a check
+    inside it failed (an image differs, a core fails IEEE 1180).
 
     Raises:
         Refused: inputs or options it cannot measure, found before the measurement; or a
             ``--json`` FILE that could be written before the run and cannot after it.
     """
     _check_json(args)
+    if args.json == "-":
+        with contextlib.redirect_stdout(sys.stderr):
+            result, failed = _measure(args)
+        print(json.dumps(result, indent=1))
+        return 1 if failed else 0
+    result, failed = _measure(args)
+    if args.json:
+        try:
+            Path(args.json).write_text(json.dumps(result, indent=1) + "\n")
+        except OSError as exc:          # checked before the run; something changed since
+            raise Refused(f"dlbooster bench {args.kind}: --json {args.json}: {exc.strerror or exc}") from None
+        print(f"wrote {args.json}", file=sys.stderr)
+    return 1 if failed else 0
+
+
+def _measure(args: argparse.Namespace) -> tuple[dict, bool]:
+    """The benchmark's result (printing its table) and whether a check inside it failed."""
     files = _inputs(args) if args.kind not in ("backward", "records") else []
     failed = False
     if args.kind == "backward":
@@ -912,10 +932,4 @@ def run(args: argparse.Namespace) -> int:
                      [[r["backend"], r["images"], r["decoded"], r["declined"], r["us_per_image"],
                        r["images_per_s"], r["mpixel_per_s"]] for r in result["results"]]))
         print("timed: the images every backend decodes")
-    if args.json:
-        try:
-            Path(args.json).write_text(json.dumps(result, indent=1) + "\n")
-        except OSError as exc:          # checked before the run; something changed since
-            raise Refused(f"dlbooster bench {args.kind}: --json {args.json}: {exc.strerror or exc}") from None
-        print(f"wrote {args.json}", file=sys.stderr)
-    return 1 if failed else 0
+    return result, failed

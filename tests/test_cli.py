@@ -488,6 +488,12 @@ def test_bench_parse_writes_json(folder, tmp_path, capsys):
     assert result["classification"] == {"None": 2, "progressive": 1, "not-jpeg": 1,
                                         "malformed-header": 1}
     assert "us median" in capsys.readouterr().out
+    # --json -: the JSON alone on stdout (for a pipe), the table on stderr. (The folder
+    # now holds parse.json as well.)
+    assert main(["bench", "parse", "--repeat", "2", "--json", "-", str(folder)]) == 0
+    out, err = capsys.readouterr()
+    assert json.loads(out)["classification"] == {**result["classification"], "not-jpeg": 2} and "us median" in err
+    assert not (Path.cwd() / "-").exists()
 
 
 def test_bench_decode_table(folder, tmp_path, capsys):
