@@ -135,10 +135,19 @@ def _walk(paths: list[str]) -> list[tuple[str, str]]:
 
 
 def _save_png(image, target: Path) -> None:
+    """Write ``image`` as ``target`` whole or not at all: Ctrl-C, SIGTERM or a full disk
+    mid-write leaves no truncated PNG (a partial file is removed, never renamed)."""
     from PIL import Image
 
     target.parent.mkdir(parents=True, exist_ok=True)
-    Image.fromarray(image).save(target, "PNG")
+    partial = target.with_name(f".{target.name}.{os.getpid()}.partial")
+    try:
+        Image.fromarray(image).save(partial, "PNG")
+        os.replace(partial, target)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            partial.unlink()
+        raise
 
 
 def _batched(inputs, batch, backend, cpu, progress):
@@ -676,7 +685,8 @@ def _sigterm_as_interrupt():
     """Within the block, SIGTERM (``kill``, a batch system's time limit) unwinds the main
     thread as Ctrl-C does, so the cleanup that Ctrl-C runs runs too; :func:`main` then
     exits with 143. Only where the main thread waits in Python: a command blocked in a
-    collective would not see it, so ``train`` keeps the default (the process ends).
+    collective would not see it, so ``train`` under torchrun keeps the default (the
+    process ends).
     A second SIGTERM while the first unwinds is ignored (SIGKILL still ends the
     process); the cleanups also hold signals off (:func:`dlbooster.records.signals_held`)."""
     def terminate(signum, frame):
@@ -885,6 +895,10 @@ def _cmd_train(args: argparse.Namespace) -> int:
               f"loss {losses}, val top-1 {top1}, "
               f"host cores {summary['host_cores']:.2f}, world size {summary['world_size']}")
         print(f"decode outcomes: {summary['outcomes']} ({summary['fallbacks']} CPU fallbacks)")
+        if summary["resumed_from"] is not None and not summary["steps"]:
+            n = summary["resumed_from"]
+            print(f"{args.checkpoint} had already trained {n} step{'s' if n != 1 else ''}, as far as these "
+                  f"options go: nothing left to train (raise --epochs or --steps to go on)", file=sys.stderr)
         choice = summary.get("fidelity_choice")
         if choice is not None:
             scores = ", ".join(f"{k}: {v:.3f}" for k, v in choice["scores"].items())
@@ -1117,6 +1131,17 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _distributed() -> bool:
+    """Whether this process is one rank of several (torchrun's variables, or a process
+    group); also where those variables are inconsistent (``train`` reports them)."""
+    from .sampler import dist_env
+
+    try:
+        return dist_env()[1] > 1
+    except ValueError:
+        return True
+
+
 def main(argv: list[str] | None = None) -> int:
     # File names that are not valid in the locale's encoding (Python keeps their bytes as
     # surrogates) are printed escaped instead of ending the command.
@@ -1128,8 +1153,12 @@ def main(argv: list[str] | None = None) -> int:
                         format="%(name)s: %(message)s")
     from .sim.flow import CacheError
 
+    # SIGTERM unwinds as Ctrl-C does, so that temporary data sets and partial outputs are
+    # removed; not under torchrun, where a rank blocked in a collective would not see it.
+    unwind = contextlib.nullcontext() if args.command == "train" and _distributed() else _sigterm_as_interrupt()
     try:
-        return args.func(args)
+        with unwind:
+            return args.func(args)
     except KeyboardInterrupt as exc:   # Ctrl-C: a line, not a traceback (records write leaves no file)
         what = " ".join(w for w in (args.command, getattr(args, "action", None)) if w)
         terminated = isinstance(exc, _Terminated)

@@ -198,7 +198,9 @@ def transcode(data: bytes, path: str = "<bytes>", jpegtran: str | None = None, *
     except subprocess.TimeoutExpired:
         raise RecordError(f"{path}: jpegtran ran past {timeout:g} s") from None
     if run.returncode != 0 or not run.stdout:
-        message = run.stderr.decode(errors="replace").strip() or f"exit status {run.returncode}"
+        # One line: jpegtran ends each warning with a newline.
+        message = "; ".join(line.strip() for line in run.stderr.decode(errors="replace").splitlines()
+                            if line.strip()) or f"exit status {run.returncode}"
         raise RecordError(f"{path}: jpegtran failed: {message}")
     return run.stdout
 

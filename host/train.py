@@ -22,6 +22,7 @@ real) FPGA decoder, with the backward pass either plain autograd or
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import math
@@ -29,6 +30,7 @@ import os
 import random
 import shutil
 import time
+import warnings
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -42,6 +44,9 @@ log = logging.getLogger(__name__)
 
 #: Validation share when DATA has no ``val/`` folder: every ``_VAL_EVERY``-th file per class.
 _VAL_EVERY = 5
+
+#: Simulated devices a run may make (``devices``): each maps 4 GiB of modelled host memory.
+MAX_DEVICES = 32
 
 
 class NoTrainingData(RuntimeError):
@@ -125,7 +130,11 @@ class TrainConfig:
 
         Raises:
             ValueError: an unknown model or backward, neither epochs nor steps, epochs,
-                steps, batch size or image size below 1, ``warmup_epochs`` below 0,
+                steps, batch size or image size below 1; ``lr``, ``momentum``,
+                ``weight_decay`` or ``warmup_epochs`` negative or not finite; ``seed``
+                outside torch's 64-bit range; more than :data:`MAX_DEVICES` devices;
+                ``resume`` or ``checkpoint_every`` without ``checkpoint``; a
+                ``checkpoint`` or ``trace`` that is a folder or in a missing folder;
                 ``label_smoothing`` outside [0, 1], ``fidelity`` without records, below
                 1 or not an integer or ``"auto"``, ``fidelity_threshold`` outside (-1, 1]
                 with ``"auto"``, a
@@ -147,8 +156,27 @@ class TrainConfig:
             value = getattr(self, name)
             if value is not None and value < 1:
                 raise ValueError(f"{name} must be at least 1, not {value}")
-        if self.warmup_epochs < 0:
-            raise ValueError(f"warmup_epochs must be at least 0, not {self.warmup_epochs}")
+        for name in ("lr", "momentum", "weight_decay", "warmup_epochs"):
+            value = getattr(self, name)
+            # nan and inf trained to a loss of nan, or failed deep inside PyTorch.
+            if value is not None and not (math.isfinite(value) and value >= 0):
+                raise ValueError(f"{name} must be a finite number of at least 0, not {value}")
+        if not -2**63 <= self.seed < 2**64:          # torch.manual_seed's range
+            raise ValueError(f"seed must be in [-2**63, 2**64), not {self.seed}")
+        if self.devices > MAX_DEVICES:
+            raise ValueError(f"devices must be at most {MAX_DEVICES} (each simulated device maps 4 GiB of modelled "
+                             f"memory), not {self.devices}")
+        if self.checkpoint is None and (self.resume or self.checkpoint_every):
+            raise ValueError(f"{'resume' if self.resume else 'checkpoint_every'} needs a checkpoint file")
+        for name in ("checkpoint", "trace"):
+            path = getattr(self, name)
+            if path is not None:
+                # Found now, not when the first save comes after an epoch of training.
+                if os.path.isdir(path):
+                    raise ValueError(f"{name} {path}: a folder; give a file name")
+                parent = os.path.dirname(os.path.abspath(path))
+                if not os.path.isdir(parent):
+                    raise ValueError(f"{name} {path}: no such folder {parent}")
         if not 0.0 <= self.label_smoothing <= 1.0:
             raise ValueError(f"label_smoothing must be between 0 and 1, not {self.label_smoothing}")
         if self.fidelity is not None and self.records is None:
@@ -268,8 +296,19 @@ def photo_dataset(out_dir: str | os.PathLike, *, crops: int = 8, val_crops: int 
 
 
 def _split(root: Path):
-    """(train samples, val samples, classes) of an ImageFolder root (module docstring)."""
-    from .sources import image_folder
+    """(train samples, val samples, classes) of an ImageFolder root (module docstring).
+
+    Raises:
+        FileNotFoundError: no class folder, or a class folder without images (naming
+            the folder read: ``root``, ``root/train`` or ``root/val``).
+    """
+    from .sources import image_folder as listing
+
+    def image_folder(folder: Path):
+        try:
+            return listing(folder)
+        except FileNotFoundError as exc:
+            raise FileNotFoundError(f"{folder}: {exc}") from None
 
     if (root / "train").is_dir() and (root / "val").is_dir():
         train, classes, mapping = image_folder(root / "train")
@@ -408,7 +447,7 @@ def train(config: TrainConfig, *, on_epoch=None, on_step=None, sets=None) -> dic
         else:
             root = Path(config.data)
             if not root.is_dir():
-                raise FileNotFoundError(f"{root}: no such folder")
+                raise FileNotFoundError(f"{root}: {'not a folder' if root.exists() else 'no such folder'}")
         train_samples, val_samples, classes = _split(root)
         return _run(config, device, dist, [(s.path, s.label) for s in train_samples],
                     [(s.path, s.label) for s in val_samples] or None, classes, on_epoch, on_step)
@@ -436,7 +475,7 @@ def _run(config, device, dist, train_source, val_source, classes, on_epoch, on_s
     model = model.to(device, memory_format=torch.channels_last)
     # Batch norm cannot normalise one value per channel in training mode (one sample with
     # a 1x1 map): at such sizes a batch needs 2 samples.
-    min_batch = 2 if _single_value_batch_norm(model, config.image_size, device) else 1
+    min_batch = 2 if _probe(model, config.model, config.image_size, device) else 1
     if min_batch > config.batch_size:
         raise ValueError(f"{config.model} at {config.image_size} pixels leaves a batch-norm layer one value per "
                          f"channel for a single sample, which training cannot normalise: use a batch size of "
@@ -545,7 +584,11 @@ def _run(config, device, dist, train_source, val_source, classes, on_epoch, on_s
                     untrained += len(labels)
                     batch_no += 1
                     if by_batches:
-                        schedule.step()
+                        with warnings.catch_warnings():
+                            # Stepped on purpose before any optimizer step: the schedule
+                            # counts batches, trained on or not.
+                            warnings.filterwarnings("ignore", "Detected call of `lr_scheduler")
+                            schedule.step()
                     log.warning("epoch %d batch %d not trained on: a rank has fewer than %d decoded samples "
                                 "(this rank: %d)", epoch, batch_no - 1, min_batch, len(labels))
                     continue
@@ -617,16 +660,20 @@ def _run(config, device, dist, train_source, val_source, classes, on_epoch, on_s
     return summary
 
 
-def _single_value_batch_norm(model, image_size: int, device) -> bool:
-    """Whether one ``image_size`` sample leaves some batch-norm layer of ``model`` one
-    value per channel (a 1x1 map), which training mode cannot normalise. One forward in
-    evaluation mode, without gradients: running statistics are not touched."""
+def _probe(model, name: str, image_size: int, device) -> bool:
+    """One forward of one ``image_size`` sample in evaluation mode, without gradients
+    (running statistics are not touched): whether it leaves some batch-norm layer of
+    ``model`` one value per channel (a 1x1 map), which training mode cannot normalise.
+
+    Raises:
+        ValueError: the model does not run at that size (a map pooled below 1x1, a
+            fixed input size, memory for the sample's activations), found before any
+            decoding.
+    """
     import torch
     from torch import nn
 
     layers = [m for m in model.modules() if isinstance(m, nn.modules.batchnorm._BatchNorm)]
-    if not layers:
-        return False
     single = []
     hooks = [m.register_forward_pre_hook(lambda m, args: single.append(args[0].numel() == args[0].shape[1]))
              for m in layers]
@@ -635,6 +682,10 @@ def _single_value_batch_norm(model, image_size: int, device) -> bool:
         model.eval()
         with torch.no_grad():
             model(torch.zeros(1, 3, image_size, image_size, device=device))
+    except (RuntimeError, AssertionError, ValueError) as exc:     # torch's out of memory is a RuntimeError
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise ValueError(f"{name} does not run on {image_size}x{image_size}-pixel images ({first}); give "
+                         f"another --image-size") from None
     finally:
         for h in hooks:
             h.remove()
@@ -735,8 +786,13 @@ def _save(config, dist, model, optimizer, schedule, loader, step, epoch, batches
              "rng": rng, "config": {k: os.fspath(v) if isinstance(v, os.PathLike) else v
                                     for k, v in asdict(config).items()}}
     tmp = f"{config.checkpoint}.tmp"
-    torch.save(state, tmp)
-    os.replace(tmp, config.checkpoint)            # a crash mid-save leaves the old checkpoint
+    try:
+        torch.save(state, tmp)
+        os.replace(tmp, config.checkpoint)        # a crash mid-save leaves the old checkpoint
+    except BaseException:                         # Ctrl-C, SIGTERM, a full disk: no partial file left
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
 
 
 def _validate(net, loader, dist, device) -> float | None:

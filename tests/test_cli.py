@@ -7,8 +7,10 @@ import hashlib
 import io
 import json
 import os
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -465,6 +467,51 @@ def test_bench_without_inputs_says_so(tmp_path, capsys):
     for argv, message in cases:
         assert main(["bench", *argv]) == 2, argv
         assert message in capsys.readouterr().err, argv
+
+
+def test_an_interrupted_png_write_leaves_no_file(tmp_path, monkeypatch):
+    """decode --out: Ctrl-C or SIGTERM mid-write left a truncated PNG under its final name."""
+    from dlbooster import cli
+
+    real_save = Image.Image.save
+
+    def interrupted(self, fp, *args, **kwargs):
+        real_save(self, fp, *args, **kwargs)
+        raise KeyboardInterrupt
+    image, target = np.zeros((4, 6, 3), np.uint8), tmp_path / "out" / "a.png"
+    monkeypatch.setattr(Image.Image, "save", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        cli._save_png(image, target)
+    assert list(target.parent.iterdir()) == []
+    monkeypatch.undo()
+    cli._save_png(image, target)
+    assert list(target.parent.iterdir()) == [target] and Image.open(target).size == (6, 4)
+
+
+def test_sigterm_ends_a_command_as_ctrl_c_does(tmp_path):
+    """SIGTERM (kill, a batch system's time limit) left demo's temporary JPEGs behind and
+    printed nothing; it now unwinds as Ctrl-C does: the temporary folder is removed,
+    one line says so, and the exit status is 143."""
+    from dlbooster.samples import packaged_photos
+
+    if not packaged_photos():
+        pytest.skip("no packaged photographs (scikit-image not installed)")
+    tmp = tmp_path / "tmp"
+    tmp.mkdir()
+    proc = subprocess.Popen([sys.executable, "-m", "dlbooster.cli", "demo"], stdout=subprocess.DEVNULL,
+                            stderr=subprocess.PIPE, text=True, env={**os.environ, "TMPDIR": str(tmp)})
+    try:
+        deadline = time.monotonic() + 60
+        while not any(tmp.rglob("*.jpg")) and time.monotonic() < deadline and proc.poll() is None:
+            time.sleep(0.02)
+        assert any(tmp.rglob("*.jpg")), "demo wrote no JPEG to its temporary folder"
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=60)
+    finally:
+        proc.kill()
+    assert proc.returncode == 143, err
+    assert err.endswith("dlbooster demo: terminated\n") and "Traceback" not in err, err
+    assert list(tmp.iterdir()) == []
 
 
 def test_demo_decodes_every_photo_equal_to_pillow(capsys):

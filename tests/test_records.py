@@ -163,6 +163,7 @@ def test_skipped_inputs_are_reported(tmp_path):
     assert set(skipped) == {str(src / "a" / n) for n in ("png.jpg", "empty.jpg", "truncated.jpg", "huge.jpg", "fifo.jpg")}
     for path, reason in skipped.items():
         assert path in reason and ("jpegtran" in reason or "Pillow" in reason or "not a regular file" in reason)
+        assert "\n" not in reason, reason          # jpegtran's warnings joined into one line
     with pytest.raises(FileExistsError):
         R.write_records(src, tmp_path / "rec")
     # Inside SRC the records folder would turn into a class of SRC; nothing is created.

@@ -6,9 +6,11 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
+import warnings
 from dataclasses import replace
 from pathlib import Path
 
@@ -91,9 +93,64 @@ def test_recipe_settings_out_of_range_are_usage_errors(photos, capsys):
     from dlbooster.cli import main
 
     assert main(["train", photos, "--backend", "cpu", "--steps", "1", "--warmup-epochs", "-1"]) == 2
-    assert "warmup_epochs must be at least 0, not -1" in capsys.readouterr().err
+    assert "warmup_epochs must be a finite number of at least 0, not -1" in capsys.readouterr().err
     assert main(["train", photos, "--backend", "cpu", "--steps", "1", "--label-smoothing", "2"]) == 2
     assert "label_smoothing must be between 0 and 1, not 2" in capsys.readouterr().err
+
+
+def test_options_that_failed_late_or_silently_are_refused_first(photos, tmp_path, capsys):
+    """Each of these trained to a loss of nan, failed in PyTorch with a traceback, failed
+    only at the first checkpoint after an epoch of training, or did nothing (helper-56's
+    trial): now a one-line usage error before any training."""
+    from dlbooster.cli import main
+
+    (tmp_path / "a.jpg").write_bytes(b"\xff\xd8")
+    cases = [(["--lr", "nan"], "lr must be a finite number of at least 0, not nan"),
+             (["--lr", "inf"], "lr must be a finite number of at least 0, not inf"),
+             (["--weight-decay", "-1"], "weight_decay must be a finite number of at least 0, not -1"),
+             (["--momentum", "nan"], "momentum must be a finite number of at least 0, not nan"),
+             (["--warmup-epochs", "inf"], "warmup_epochs must be a finite number of at least 0, not inf"),
+             (["--seed", str(2**70)], "seed must be in [-2**63, 2**64), not"),
+             (["--devices", "33"], "devices must be at most 32"),
+             (["--resume"], "resume needs a checkpoint file"),
+             (["--checkpoint-every", "2"], "checkpoint_every needs a checkpoint file"),
+             (["--checkpoint", str(tmp_path / "nodir" / "c.pt")],
+              f"checkpoint {tmp_path / 'nodir' / 'c.pt'}: no such folder {tmp_path / 'nodir'}"),
+             (["--checkpoint", str(tmp_path)], f"checkpoint {tmp_path}: a folder; give a file name"),
+             (["--trace", str(tmp_path / "nodir" / "t.json")], f"trace {tmp_path / 'nodir' / 't.json'}: no such "
+                                                               f"folder"),
+             (["--model", "alexnet", "--image-size", "32"], "alexnet does not run on 32x32-pixel images (")]
+    for argv, message in cases:
+        assert main(["train", photos, "--backend", "cpu", "--steps", "1", *argv]) == 2, argv
+        err = capsys.readouterr().err
+        assert f"dlbooster train: {message}" in err and "Traceback" not in err, (argv, err)
+    assert not list(tmp_path.glob("*.tmp"))
+    assert main(["train", str(tmp_path / "a.jpg"), "--backend", "cpu", "--steps", "1"]) == 2
+    assert f"dlbooster train: {tmp_path / 'a.jpg'}: not a folder" in capsys.readouterr().err
+    # A class folder without images: the message names the folder it was read from.
+    for split in ("train", "val"):
+        for cls in ("ants", "wasps"):
+            (tmp_path / "data" / split / cls).mkdir(parents=True)
+        shutil.copy(next(Path(photos).rglob("*.jpg")), tmp_path / "data" / split / "ants")
+    shutil.copy(next(Path(photos).rglob("*.jpg")), tmp_path / "data" / "train" / "wasps")
+    assert main(["train", str(tmp_path / "data"), "--backend", "cpu", "--steps", "1"]) == 2
+    assert (f"dlbooster train: {tmp_path / 'data' / 'val'}: Found no valid file for the classes wasps"
+            in capsys.readouterr().err)
+
+
+def test_an_interrupted_checkpoint_save_leaves_no_partial_file(photos, tmp_path, monkeypatch):
+    """Ctrl-C or SIGTERM while torch.save writes left CHECKPOINT.tmp behind (tens of MB)."""
+    import torch
+
+    real_save = torch.save
+
+    def interrupted(state, path):
+        real_save({"partial": True}, path)
+        raise KeyboardInterrupt
+    monkeypatch.setattr(torch, "save", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        train(replace(BASE, data=photos, steps=1, checkpoint=str(tmp_path / "c.pt")))
+    assert list(tmp_path.iterdir()) == []
 
 
 def test_a_final_batch_of_one_is_dropped(photos):
@@ -210,8 +267,13 @@ def test_a_batch_passed_over_still_advances_an_epoch_bound_schedule(tmp_path):
     first = shard_indices(len(samples), seed=0)[0]
     Path(samples[first].path).write_bytes(b"\xff\xd8 not a jpeg")
     epochs = []
-    summary = train(replace(BASE, data=str(tmp_path), batch_size=2, image_size=32, epochs=1),
-                    on_epoch=epochs.append)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        summary = train(replace(BASE, data=str(tmp_path), batch_size=2, image_size=32, epochs=1),
+                        on_epoch=epochs.append)
+    # The schedule steps before any optimizer step on purpose: PyTorch's warning about
+    # that order is not passed on to the user.
+    assert not [w for w in caught if "lr_scheduler.step()" in str(w.message)]
     assert summary["steps"] == 2 and summary["untrained"] == 1
     assert epochs[0]["lr"] == pytest.approx(0.0, abs=1e-12)
 
@@ -276,13 +338,20 @@ def test_resume_after_a_crash_is_exact(photos, tmp_path, crash_at):
     assert _same_model(straight, resumed)
 
 
-def test_resume_refuses_other_options_and_damaged_checkpoints(photos, tmp_path):
+def test_resume_refuses_other_options_and_damaged_checkpoints(photos, tmp_path, capfd):
     """A checkpoint written with another model, batch size, learning rate... is refused
     before anything loads (else an epoch's remaining samples are never trained on, or a
     new learning rate is silently ignored); so is a file that is not a checkpoint."""
     path = tmp_path / "c.pt"
     config = replace(BASE, data=photos, steps=1, checkpoint=str(path))
     train(config)
+    # Resumed where nothing is left to train: the command says so.
+    from dlbooster.cli import main
+
+    argv = ["train", photos, "--backend", "cpu", "--batch-size", "8", "--image-size", "64", "--lr", "0.05",
+            "--workers", "1", "--device", "cpu", "--steps", "1", "--checkpoint", str(path), "--resume"]
+    assert main(argv) == 0
+    assert f"{path} had already trained 1 step, as far as these options go" in capfd.readouterr().err
     for change, words in [(dict(batch_size=4), "batch_size 8 -> 4"), (dict(lr=0.5), "lr 0.05 -> 0.5"),
                           (dict(model="mobilenet_v2"), "model 'resnet18' -> 'mobilenet_v2'")]:
         with pytest.raises(ValueError, match=rf"c\.pt was written with other options \({re.escape(words)}\)"):
