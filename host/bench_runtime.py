@@ -21,6 +21,7 @@
 from __future__ import annotations
 
 import os
+import signal
 import statistics
 import tempfile
 import time
@@ -36,6 +37,18 @@ def _image_folder(files: list[tuple[str, bytes]], root: Path) -> Path:
         cls.mkdir(parents=True, exist_ok=True)
         (cls / f"{n:05d}{Path(path).suffix.lower() or '.jpg'}").symlink_to(os.path.abspath(path))
     return root
+
+
+def _sigterm_raises(signum, frame):
+    raise KeyboardInterrupt
+
+
+def _interrupt_on_sigterm(worker_id: int) -> None:
+    """DataLoader ``worker_init_fn``: a SIGTERM sent to the whole process group (a batch
+    system, ``kill -- -PGID``) ends the worker the way Ctrl-C does, which its loop leaves
+    quietly; killed by the default action, the main process would report the dead worker
+    with a traceback while it unwinds."""
+    signal.signal(signal.SIGTERM, _sigterm_raises)
 
 
 def host_loader(files: list[tuple[str, bytes]], *, batch_size: int = 64, lanes: int = 4, cpu_workers: int = 1,
@@ -203,7 +216,7 @@ def bench_loader(files: list[tuple[str, bytes]], *, batch_size: int = 32, epochs
                                   T.Normalize((0.485, 0.456, 0.406), (0.229, 0.224, 0.225))])
         dataset = datasets.ImageFolder(str(root), transform=tv_transform)
         loader_tv = DataLoader(dataset, batch_size=batch_size, shuffle=True, num_workers=workers,
-                               persistent_workers=True)
+                               persistent_workers=True, worker_init_fn=_interrupt_on_sigterm)
         ours = Loader(str(root), batch_size, backend="cpu", shuffle=True, transform=train_transform(size),
                       cpu_workers=workers)
 

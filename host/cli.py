@@ -32,6 +32,7 @@ import os
 import re
 import signal
 import sys
+import tempfile
 from collections import Counter
 from pathlib import Path
 
@@ -140,7 +141,10 @@ def _save_png(image, target: Path) -> None:
     from PIL import Image
 
     target.parent.mkdir(parents=True, exist_ok=True)
-    partial = target.with_name(f".{target.name}.{os.getpid()}.partial")
+    # A short name of its own: the target's name may already be near NAME_MAX.
+    fd, name = tempfile.mkstemp(dir=target.parent, prefix=".dlb-", suffix=".partial")
+    os.close(fd)
+    partial = Path(name)
     try:
         Image.fromarray(image).save(partial, "PNG")
         os.replace(partial, target)
@@ -657,8 +661,6 @@ def _cmd_devices(args: argparse.Namespace) -> int:
 
 
 def _cmd_demo(args: argparse.Namespace) -> int:
-    import tempfile
-
     from .samples import encode_variants, packaged_photos
 
     photos = packaged_photos()
@@ -693,6 +695,9 @@ def _sigterm_as_interrupt():
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
         raise _Terminated
 
+    if signal.getsignal(signal.SIGTERM) is signal.SIG_IGN:   # ignored by whoever started us: keep it so
+        yield
+        return
     try:
         previous = signal.signal(signal.SIGTERM, terminate)
     except ValueError:                     # not the main thread: leave SIGTERM alone

@@ -132,9 +132,9 @@ class TrainConfig:
             ValueError: an unknown model or backward, neither epochs nor steps, epochs,
                 steps, batch size or image size below 1; ``lr``, ``momentum``,
                 ``weight_decay`` or ``warmup_epochs`` negative or not finite; ``seed``
-                outside torch's 64-bit range; more than :data:`MAX_DEVICES` devices;
+                outside [-2**63, 2**63); more than :data:`MAX_DEVICES` devices;
                 ``resume`` or ``checkpoint_every`` without ``checkpoint``; a
-                ``checkpoint`` or ``trace`` that is a folder or in a missing folder;
+                ``checkpoint`` or ``trace`` that is empty, a folder or in a missing folder;
                 ``label_smoothing`` outside [0, 1], ``fidelity`` without records, below
                 1 or not an integer or ``"auto"``, ``fidelity_threshold`` outside (-1, 1]
                 with ``"auto"``, a
@@ -161,8 +161,9 @@ class TrainConfig:
             # nan and inf trained to a loss of nan, or failed deep inside PyTorch.
             if value is not None and not (math.isfinite(value) and value >= 0):
                 raise ValueError(f"{name} must be a finite number of at least 0, not {value}")
-        if not -2**63 <= self.seed < 2**64:          # torch.manual_seed's range
-            raise ValueError(f"seed must be in [-2**63, 2**64), not {self.seed}")
+        # torch.manual_seed takes [-2**63, 2**64); the run adds the epoch and a rank offset.
+        if not -2**63 <= self.seed < 2**63:
+            raise ValueError(f"seed must be in [-2**63, 2**63), not {self.seed}")
         if self.devices > MAX_DEVICES:
             raise ValueError(f"devices must be at most {MAX_DEVICES} (each simulated device maps 4 GiB of modelled "
                              f"memory), not {self.devices}")
@@ -170,6 +171,8 @@ class TrainConfig:
             raise ValueError(f"{'resume' if self.resume else 'checkpoint_every'} needs a checkpoint file")
         for name in ("checkpoint", "trace"):
             path = getattr(self, name)
+            if path is not None and not os.fspath(path):
+                raise ValueError(f"{name}: an empty path; give a file name")
             if path is not None:
                 # Found now, not when the first save comes after an epoch of training.
                 if os.path.isdir(path):
@@ -307,8 +310,8 @@ def _split(root: Path):
     def image_folder(folder: Path):
         try:
             return listing(folder)
-        except FileNotFoundError as exc:
-            raise FileNotFoundError(f"{folder}: {exc}") from None
+        except FileNotFoundError as exc:     # named once: some messages name it already
+            raise FileNotFoundError(str(exc) if str(folder) in str(exc) else f"{folder}: {exc}") from None
 
     if (root / "train").is_dir() and (root / "val").is_dir():
         train, classes, mapping = image_folder(root / "train")
@@ -420,10 +423,9 @@ def train(config: TrainConfig, *, on_epoch=None, on_step=None, sets=None) -> dic
         (the ``"auto"`` search: scores per fidelity).
 
     Raises:
-        ValueError: a bad setting (unknown model, backward or neither epochs nor steps,
-            ``fidelity`` without records or out of range, a CUDA device where PyTorch
-            finds none, a batch size of 1 where one sample leaves a batch-norm layer a
-            1x1 map).
+        ValueError: a bad setting (:meth:`TrainConfig.check`; ``fidelity`` out of the
+            records' range, a batch size of 1 where one sample leaves a batch-norm layer
+            a 1x1 map, a model that does not run at ``image_size``: one probe forward).
         FileNotFoundError: the data folder is missing or has no classes.
         dlbooster.records.RecordError: a corrupt record file.
     """

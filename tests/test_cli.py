@@ -486,6 +486,27 @@ def test_an_interrupted_png_write_leaves_no_file(tmp_path, monkeypatch):
     monkeypatch.undo()
     cli._save_png(image, target)
     assert list(target.parent.iterdir()) == [target] and Image.open(target).size == (6, 4)
+    # A name at the file-name limit (255 bytes) is written too: the partial file's own
+    # name is short.
+    long = tmp_path / "out" / ("x" * 251 + ".png")
+    cli._save_png(image, long)
+    assert Image.open(long).size == (6, 4) and len(list(target.parent.iterdir())) == 2
+
+
+def test_an_ignored_sigterm_stays_ignored():
+    """A command started with SIGTERM ignored (``trap '' TERM``, some supervisors) keeps
+    ignoring it, as Python keeps an ignored SIGINT."""
+    from dlbooster import cli
+
+    previous = signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    try:
+        with cli._sigterm_as_interrupt():
+            assert signal.getsignal(signal.SIGTERM) is signal.SIG_IGN
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    with cli._sigterm_as_interrupt():
+        assert callable(signal.getsignal(signal.SIGTERM))
+    assert signal.getsignal(signal.SIGTERM) is previous
 
 
 def test_sigterm_ends_a_command_as_ctrl_c_does(tmp_path):
