@@ -90,16 +90,8 @@ def _choices_list(*choices: str):
     return check
 
 
-def _idct_lanes(text: str) -> str:
-    """argparse type: comma-separated IDCT lane counts, each 1, 2 or 4 (kept as the text)."""
-    return _choices_list("1", "2", "4")(text)
-
-
-def _percent(text: str) -> int:
-    """argparse type: a whole percentage, 1..100."""
-    if not text.strip().isdigit() or not 1 <= int(text) <= 100:
-        raise argparse.ArgumentTypeError(f"{text!r}: give a whole percentage, 1..100")
-    return int(text)
+#: argparse type: comma-separated IDCT lane counts (rows per clock), each 1, 2 or 4.
+_idct_lanes = _choices_list("1", "2", "4")
 
 
 def _ieee_blocks(text: str) -> int:
@@ -123,7 +115,7 @@ def _lanes_list(text: str) -> str:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    from .cli import _count, _lanes, _max_width, _positive, _torch_device
+    from .cli import _count, _lanes, _max_width, _percent, _positive, _torch_device
 
     kinds = parser.add_subparsers(dest="kind", required=True)
     for kind, text in (("parse", "header parse + classify, microseconds per file"),
@@ -678,26 +670,6 @@ def _check_model(args: argparse.Namespace) -> None:
                       f"model (torchvision.models.list_models(module=torchvision.models))")
 
 
-def _record_sources(folder: Path) -> list[str]:
-    """The image files ``bench records`` stores from the data set ``folder``, as
-    :func:`dlbooster.bench_records.dataset_roots` reads it: ``train``/``val``
-    ImageFolders, a flat folder of .jpg/.jpeg files, or one ImageFolder.
-
-    Raises:
-        OSError: as :func:`dlbooster.sources.image_folder` (no class folder, a class
-            folder without images, an unreadable folder).
-    """
-    from .sources import image_folder
-
-    if (folder / "train").is_dir() and (folder / "val").is_dir():
-        roots = [folder / "train", folder / "val"]
-    elif not any(child.is_dir() for child in folder.iterdir()):
-        return [str(f) for f in sorted(folder.iterdir()) if f.suffix.lower() in (".jpg", ".jpeg")]
-    else:
-        roots = [folder]
-    return [sample.path for root in roots for sample in image_folder(root)[0]]
-
-
 def _starts_jpeg(path: str) -> bool:
     """Whether the file begins with a JPEG's SOI marker (False when it cannot be read)."""
     try:
@@ -708,7 +680,7 @@ def _starts_jpeg(path: str) -> bool:
 
 
 def _run_records(args: argparse.Namespace) -> dict:
-    from .bench_records import bench_records
+    from .bench_records import bench_records, dataset_files
     from .records import RecordError
 
     paths = args.paths
@@ -723,7 +695,7 @@ def _run_records(args: argparse.Namespace) -> dict:
         if not any(p.is_file() for p in folder.rglob("*")):
             raise Refused(f"dlbooster bench records: {path}: no files")
         try:
-            sources = _record_sources(folder)
+            sources = dataset_files(folder)
         except OSError as exc:
             raise Refused(f"dlbooster bench records: {path}: {exc}") from None
         if not any(_starts_jpeg(f) for f in sources):

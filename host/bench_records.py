@@ -27,19 +27,40 @@ from pathlib import Path
 __all__ = ["bench_records", "dataset_roots"]
 
 
-def dataset_roots(path: str | os.PathLike, tmp: str | os.PathLike) -> list[Path]:
-    """The ImageFolder roots of a data set: ``train``/``val`` when both exist; a folder
-    of images without class folders (the ImageNet sample) becomes an ImageFolder of
-    symbolic links in ``tmp`` (two classes, alternating)."""
-    from .bench_runtime import _image_folder
-
+def _layout(path: str | os.PathLike) -> tuple[list[Path], list[str] | None]:
+    """``(roots, None)`` for a data set of ImageFolders (``train``/``val`` when both
+    exist, else the folder itself), ``([], files)`` for a folder of images without class
+    folders (the ImageNet sample): its .jpg/.jpeg files, sorted."""
     p = Path(path)
     if (p / "train").is_dir() and (p / "val").is_dir():
-        return [p / "train", p / "val"]
+        return [p / "train", p / "val"], None
     if not any(child.is_dir() for child in p.iterdir()):
-        files = sorted(str(f) for f in p.iterdir() if f.suffix.lower() in (".jpg", ".jpeg"))
-        return [_image_folder([(f, b"") for f in files], Path(tmp) / "folder")]
-    return [p]
+        return [], sorted(str(f) for f in p.iterdir() if f.suffix.lower() in (".jpg", ".jpeg"))
+    return [p], None
+
+
+def dataset_roots(path: str | os.PathLike, tmp: str | os.PathLike) -> list[Path]:
+    """The ImageFolder roots of a data set (:func:`_layout`); a folder of images without
+    class folders becomes an ImageFolder of symbolic links in ``tmp`` (two classes,
+    alternating)."""
+    from .bench_runtime import _image_folder
+
+    roots, files = _layout(path)
+    return roots if files is None else [_image_folder([(f, b"") for f in files], Path(tmp) / "folder")]
+
+
+def dataset_files(path: str | os.PathLike) -> list[str]:
+    """The image files the benchmark stores from the data set at ``path``, read as
+    :func:`dataset_roots` reads it, without making anything.
+
+    Raises:
+        OSError: as :func:`dlbooster.sources.image_folder` (no class folder, a class
+            folder without images, an unreadable folder).
+    """
+    from .sources import image_folder
+
+    roots, files = _layout(path)
+    return files if files is not None else [s.path for root in roots for s in image_folder(root)[0]]
 
 
 def _evict(paths: list[str]) -> None:

@@ -752,38 +752,37 @@ def _cmd_records(args: argparse.Namespace) -> int:
         reports, lines = {}, []
         written: list[str] = []
         made: list[Path] = []
-        with _sigterm_as_interrupt():
-            try:
-                # The folders this command makes (OUT, OUT/train): a failure removes them.
-                made = make_folders(pairs[0][1])
-                for (source, out), listing in zip(pairs, listings):
-                    def show(done, total, name=source.name):
-                        if not args.json and sys.stderr.isatty() and (done == total or done % 50 == 0):
-                            print(f"\r{name}: {done}/{total} images", end="\n" if done == total else "",
-                                  file=sys.stderr, flush=True)
-                    report = write_records(source, out, images_per_record=args.images_per_record,
-                                           verify=not args.no_verify, workers=args.workers, progress=show,
-                                           listing=listing)
-                    written += report.records
-                    reports[str(out)] = report.to_json()
-                    # Printed once every set is written: a later failure removes this one.
-                    lines.append(f"{out}: {report.images} images in {len(report.records)} record file(s), "
-                                 f"{report.scans} scan groups; {report.record_bytes:,} bytes "
-                                 f"({report.record_bytes / max(report.source_bytes, 1):.3f} of the sources' "
-                                 f"{report.source_bytes:,}); {len(report.skipped)} skipped")
-                    # A reason names its input already ("PATH: jpegtran failed: ...").
-                    lines += [f"  skipped {reason}" if reason.startswith(f"{path}: ")
-                              else f"  skipped {path}: {reason}" for path, reason in report.skipped]
-            except BaseException as exc:
-                with signals_held():
-                    for path in written:          # train/ without val/ is no data set
-                        Path(path).unlink(missing_ok=True)
-                    remove_empty_folders(made)
-                if not isinstance(exc, (OSError, RecordError, ValueError)):
-                    raise
-                removed = f" (the record files written to {pairs[0][1]} are removed)" if written else ""
-                print(f"dlbooster records write: {exc}{removed}", file=sys.stderr)
-                return 2
+        try:
+            # The folders this command makes (OUT, OUT/train): a failure removes them.
+            made = make_folders(pairs[0][1])
+            for (source, out), listing in zip(pairs, listings):
+                def show(done, total, name=source.name):
+                    if not args.json and sys.stderr.isatty() and (done == total or done % 50 == 0):
+                        print(f"\r{name}: {done}/{total} images", end="\n" if done == total else "",
+                              file=sys.stderr, flush=True)
+                report = write_records(source, out, images_per_record=args.images_per_record,
+                                       verify=not args.no_verify, workers=args.workers, progress=show,
+                                       listing=listing)
+                written += report.records
+                reports[str(out)] = report.to_json()
+                # Printed once every set is written: a later failure removes this one.
+                lines.append(f"{out}: {report.images} images in {len(report.records)} record file(s), "
+                             f"{report.scans} scan groups; {report.record_bytes:,} bytes "
+                             f"({report.record_bytes / max(report.source_bytes, 1):.3f} of the sources' "
+                             f"{report.source_bytes:,}); {len(report.skipped)} skipped")
+                # A reason names its input already ("PATH: jpegtran failed: ...").
+                lines += [f"  skipped {reason}" if reason.startswith(f"{path}: ")
+                          else f"  skipped {path}: {reason}" for path, reason in report.skipped]
+        except BaseException as exc:
+            with signals_held():
+                for path in written:          # train/ without val/ is no data set
+                    Path(path).unlink(missing_ok=True)
+                remove_empty_folders(made)
+            if not isinstance(exc, (OSError, RecordError, ValueError)):
+                raise
+            removed = f" (the record files written to {pairs[0][1]} are removed)" if written else ""
+            print(f"dlbooster records write: {exc}{removed}", file=sys.stderr)
+            return 2
         print(json.dumps(reports, indent=1) if args.json else "\n".join(lines))
         return 1 if any(r["skipped"] for r in reports.values()) else 0
     try:
