@@ -170,16 +170,17 @@ class TrainConfig:
         if self.checkpoint is None and (self.resume or self.checkpoint_every):
             raise ValueError(f"{'resume' if self.resume else 'checkpoint_every'} needs a checkpoint file")
         for name in ("checkpoint", "trace"):
+            # Found now, not when the first save comes after an epoch of training.
             path = getattr(self, name)
-            if path is not None and not os.fspath(path):
+            if path is None:
+                continue
+            if not os.fspath(path):
                 raise ValueError(f"{name}: an empty path; give a file name")
-            if path is not None:
-                # Found now, not when the first save comes after an epoch of training.
-                if os.path.isdir(path):
-                    raise ValueError(f"{name} {path}: a folder; give a file name")
-                parent = os.path.dirname(os.path.abspath(path))
-                if not os.path.isdir(parent):
-                    raise ValueError(f"{name} {path}: no such folder {parent}")
+            if os.path.isdir(path):
+                raise ValueError(f"{name} {path}: a folder; give a file name")
+            parent = os.path.dirname(os.path.abspath(path))
+            if not os.path.isdir(parent):
+                raise ValueError(f"{name} {path}: no such folder {parent}")
         if not 0.0 <= self.label_smoothing <= 1.0:
             raise ValueError(f"label_smoothing must be between 0 and 1, not {self.label_smoothing}")
         if self.fidelity is not None and self.records is None:
