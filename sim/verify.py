@@ -160,7 +160,8 @@ def verify_lane(result: LaneResult, data: bytes, max_width: int) -> Verdict:
             verdict.equals_pillow = bool(np.array_equal(result.rgb, rgb))
             if not verdict.equals_pillow:
                 bad = np.argwhere((result.rgb != rgb).any(axis=2))
-                problems.append(f"{len(bad)} pixels differ from Pillow, first at (y, x) = {tuple(bad[0])}")
+                y, x = bad[0]
+                problems.append(f"{len(bad)} pixels differ from Pillow, first at (y, x) = ({y}, {x})")
     elif expect == "fault" and got != reason:
         problems.append(f"status {result.status:#x} ({got}), the model says {reason}")
     elif expect == "stop" and not _stop_allowed(reason, result.status):

@@ -596,6 +596,27 @@ def hardware_candidates(rows) -> list[dict]:
             and r["pil_ok"] == "1" and not r["dup_of"]]
 
 
+# Clean-looking files (per ``looks_clean``) that a decoder lane still declines, with the
+# reason, which classify.tsv's columns do not show.
+CLEAN_BUT_DECLINED = {
+    "lepton/images/androidtrail.jpg": "after-scan",               # an APP1 segment between the scan and EOI
+    "pillow/Tests/images/hopper_bad_exif.jpg": "coefficient-overflow",
+    "pillow/Tests/images/jpeg_ff00_header.jpg": "junk",           # bytes between segments
+    "zune-image/test-images/jpeg/weid_sampling_factors.jpg": "sampling",   # every component 1x2
+}
+
+
+def looks_clean(row: dict) -> bool:
+    """A hardware candidate (:func:`hardware_candidates`) that classify.tsv shows no
+    reason to decline: a plain JPEG (not MPO), no Adobe RGB transform, no garbage, no
+    trailing bytes, an EOI, not a fuzzing input, at most 8192 pixels wide. Judged from
+    the TSV alone, so that tests of the decoders do not take their expectation from
+    the decoders' own pre-screen."""
+    return (row["pil_format"] == "JPEG" and row["adobe_transform"] != "0" and "garbage" not in row["note"]
+            and row["trailing"] in ("0", "") and row["has_eoi"] == "1" and "fuzz" not in row["path"]
+            and _int(row["width"]) <= 8192)
+
+
 def feature_subset(rows, per_group: int = 1, cap: int = 40) -> list[dict]:
     """A small feature-covering pick: the first ``per_group`` rows of every
     (subsampling, restart interval > 0, source) group, then capped round-robin."""

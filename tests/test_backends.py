@@ -78,6 +78,16 @@ def test_decode_generated(kind, backend, tmp_path):
     assert_equals_pillow(dlbooster.decode(path, backend=backend), data)
     assert_equals_pillow(dlbooster.decode(bytearray(data), backend=backend), data)
     assert_equals_pillow(dlbooster.decode(memoryview(data), backend=backend), data)
+    if backend == "model":
+        # The model decodes these itself: a model that declined everything (its CPU
+        # fallback gives Pillow's pixels) must not pass as equal to Pillow.
+        result = dlbooster.decode_result(data, backend)
+        assert (result.status, result.reason, result.backend) == MODEL_OUTCOME.get(kind, ("ok", None, "model"))
+
+
+# Outside the hardware profile (SPEC.md section 2): the model hands them to the CPU path.
+MODEL_OUTCOME = {"411": ("fallback", "sampling", "cpu"), "progressive": ("fallback", "progressive", "cpu"),
+                 "cmyk": ("fallback", "components", "cpu")}
 
 
 @pytest.mark.parametrize("backend", BACKEND_NAMES)
@@ -147,6 +157,7 @@ def test_exif_orientation_is_not_applied():
         image = dlbooster.decode(data, backend=backend)
         assert image.shape == (24, 40, 3)
         assert_equals_pillow(image, data)
+    assert dlbooster.decode_result(data, "model").status == "ok"   # APP1 skipped, not declined
 
 
 # =================================================================================

@@ -107,6 +107,32 @@ def test_decode_verify_counts_matches(folder, capsys):
     assert out["summary"]["pillow_mismatches"] == 0
 
 
+def test_decode_verify_reports_an_image_that_differs_from_pillow(folder, monkeypatch, capsys):
+    """A backend whose output is one sample off: --verify must say so, per input and in
+    the summary, name the file and exit 1 (the whole-corpus checks rest on this)."""
+    from dlbooster.backends import ModelBackend
+
+    decode_stages = ModelBackend.decode_stages
+
+    def off_by_one(self, data, info=None):
+        stages = decode_stages(self, data, info)
+        if stages.rgb.shape == (60, 80, 3):      # a.jpg, not sub/d.jpg
+            stages.rgb[0, 0, 0] ^= 1
+        return stages
+
+    monkeypatch.setattr(ModelBackend, "decode_stages", off_by_one)
+    a, c = str(folder / "a.jpg"), str(folder / "sub" / "d.jpg")
+    assert main(["decode", "--backend", "model", "--verify", "--json", a, c]) == 1
+    captured = capsys.readouterr()
+    out = json.loads(captured.out)
+    assert [(r["status"], r["matches_pillow"]) for r in out["results"]] == [("ok", False), ("ok", True)]
+    assert out["summary"]["pillow_mismatches"] == 1
+    assert f"differs from Pillow: {a}" in captured.err and c not in captured.err
+    # The text summary too.
+    assert main(["decode", "--backend", "model", "--verify", a]) == 1
+    assert "1 differ from Pillow" in capsys.readouterr().out
+
+
 def test_missing_file_is_an_error_naming_it(tmp_path, capsys):
     missing = tmp_path / "nope.jpg"
     assert main(["decode", "--json", str(missing)]) == 1

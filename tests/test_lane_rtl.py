@@ -68,6 +68,56 @@ def _run(paths, simulator, **options):
     return {r["path"]: r for r in run.report}
 
 
+def test_verify_lane_fails_every_kind_of_wrong_result():
+    """The judge of every lane test (sim/verify.py), on hand-made results: a right one
+    passes; a changed pixel, a missing row, a stop on a good file, a hang, an unknown
+    status, too many clocks, the wrong fault for a damaged file and an entropy stop for a
+    file the header rejects are each a failure that says what went wrong."""
+    from dlbooster.hw.lane import STATUS_ENTROPY
+    from dlbooster.hw.entropy import Status
+    from dlbooster.hw.headers import HeaderStatus
+    from dlbooster.sim.harness import TIMEOUT, LaneResult
+    from dlbooster.sim.verify import cycle_bound, padded_blocks
+    from jpegtools import pillow_rgb, truncated_entropy
+
+    data = gen(21, 13, subsampling=2, quality=80)
+    rgb, _ = pillow_rgb(data)
+    bound = cycle_bound(len(data), padded_blocks(jpeg.parse(data)))
+
+    def judge(status=0, cycles=1000, pixels=rgb, source=data):
+        return verify_lane(LaneResult(status, cycles, 21, 13, pixels), source, 8192)
+
+    good = judge()
+    assert (good.ok, good.expect, good.equals_pillow, good.detail) == (True, "decode", True, "")
+    assert judge(cycles=bound).ok
+    changed = rgb.copy()
+    changed[12, 20, 2] ^= 1
+    cases = {
+        "1 pixels differ from Pillow, first at (y, x) = (12, 20)": judge(pixels=changed),
+        "shape (12, 21, 3), Pillow (13, 21, 3)": judge(pixels=rgb[:12]),
+        f"stopped with {STATUS_ENTROPY | Status.TRUNCATED:#x} (truncated) on a file Pillow decodes":
+            judge(status=STATUS_ENTROPY | Status.TRUNCATED, pixels=rgb.reshape(-1, 3)[:10]),
+        "no done: the lane hung": judge(status=TIMEOUT),
+        "unknown status 0x2f": judge(status=0x2F),
+        f"{bound + 1} clocks, over the bound {bound}": judge(cycles=bound + 1),
+    }
+    for detail, verdict in cases.items():
+        assert not verdict.ok and verdict.detail == detail, (detail, verdict)
+    assert cases["1 pixels differ from Pillow, first at (y, x) = (12, 20)"].equals_pillow is False
+    # A file the model finds truncated: the lane must report that fault, not another.
+    cut = truncated_entropy(data)
+    assert judge(status=STATUS_ENTROPY | Status.TRUNCATED, pixels=rgb.reshape(-1, 3)[:10], source=cut).ok
+    wrong = judge(status=STATUS_ENTROPY | Status.BAD_CODE, pixels=rgb.reshape(-1, 3)[:10], source=cut)
+    assert not wrong.ok
+    assert wrong.detail == f"status {STATUS_ENTROPY | Status.BAD_CODE:#x} (bad-huffman-code), the model says truncated"
+    # A progressive file stops in the header, with a header status.
+    progressive = gen(21, 13, subsampling=2, progressive=True)
+    empty = np.zeros((0, 3), np.uint8)
+    assert judge(status=HeaderStatus.PROGRESSIVE, pixels=empty, source=progressive).ok
+    late = judge(status=STATUS_ENTROPY | Status.BAD_CODE, pixels=empty, source=progressive)
+    assert not late.ok and late.detail.endswith("for a file classify rejects as progressive")
+
+
 @needs_verilator
 def test_lane_cocotb_verilator(tmp_path):
     files = feature_files(COCOTB_WIDTH)

@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 from dlbooster import Malformed, Unsupported, backends, jpeg, model
 from jpegtools import (
+    CLEAN_BUT_DECLINED,
     CORPUS_DIR,
     HW_SUBSAMPLINGS,
     Crafted,
@@ -22,6 +23,7 @@ from jpegtools import (
     find_rst,
     gen,
     hardware_candidates,
+    looks_clean,
     noise_jpeg,
     huffman_codes,
     pillow_rgb,
@@ -795,6 +797,18 @@ def test_corpus_subset_model_matches_pillow(rel):
     result = backends.decode_result(str(path), "model")
     assert result.path == str(path)
     assert_result_matches_pillow(result, data)
+    # Pillow's pixels through the CPU fallback would pass the check above: a file that
+    # classify.tsv shows to be plain must come from the model itself.
+    (row,) = [r for r in corpus_rows() if r["path"] == rel]
+    if looks_clean(row):
+        expected = ("fallback", CLEAN_BUT_DECLINED[rel]) if rel in CLEAN_BUT_DECLINED else ("ok", None)
+        assert (result.status, result.reason) == expected
+
+
+def test_corpus_subset_has_plain_files():
+    require_corpus()
+    rows = {r["path"]: r for r in corpus_rows()}
+    assert sum(looks_clean(rows[rel]) for rel in _corpus_subset()) >= 20
 
 
 @functools.lru_cache(maxsize=None)

@@ -74,6 +74,16 @@ def test_train_summary(photos, tmp_path):
     state = _state(tmp_path / "c.pt")
     assert (state["step"], state["epoch"], state["batches_done"]) == (4, 0, 4)
     assert state["sampler"]["start"] == 32
+    # The optimizer moved every trainable tensor away from the seeded initial model.
+    import torchvision
+
+    torch.manual_seed(BASE.seed)
+    initial = torchvision.models.get_model(BASE.model, num_classes=15).state_dict()
+    trained = state["model"]
+    names = [name for name, p in torchvision.models.get_model(BASE.model, num_classes=15).named_parameters()]
+    assert sorted(names) == sorted(k for k in names if k in trained) and len(names) > 50
+    unchanged = [name for name in names if torch.equal(initial[name], trained[name].cpu())]
+    assert not unchanged
 
 
 def test_bad_settings_are_usage_errors(photos, capsys):
