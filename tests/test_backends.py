@@ -472,8 +472,9 @@ def test_auto_logs_its_choice_once(caplog, monkeypatch):
 def test_model_backend_stages():
     data = gen(21, 13, subsampling=1)
     out = backends.ModelBackend().decode_stages(data)
-    assert out.rgb.shape == (13, 21, 3)
+    assert_equals_pillow(out.rgb, data)
     assert np.array_equal(backends.ModelBackend().decode(data), out.rgb)
+    assert [plane.shape for plane in out.upsampled] == [(13, 21)] * 3
     with pytest.raises(dlbooster.Unsupported) as excinfo:
         backends.ModelBackend().decode(gen(21, 13, subsampling=2, progressive=True))
     assert excinfo.value.reason == "progressive"

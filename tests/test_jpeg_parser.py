@@ -739,16 +739,14 @@ _MARKERISH = st.sampled_from([b"\xff\xd8", b"\xff\xd9", b"\xff\xc0", b"\xff\xc4"
 @settings(max_examples=fuzz_examples(300))
 @given(st.lists(st.one_of(st.binary(max_size=40), _MARKERISH), max_size=30))
 def test_fuzz_bytes_after_soi(parts):
+    """Random bytes and markers after SOI: the parser never raises, and classify names a
+    fallback reason (a whole decodable file almost never arises this way; mutations of
+    real files, below, reach the decoders)."""
     data = b"\xff\xd8\xff" + b"".join(parts)
     info = jpeg.parse(data)
     reason = jpeg.classify(info)
-    assert reason is None or isinstance(reason, str)
     assert not info.not_jpeg
-    assert reason != "not-jpeg"
-    if reason is None:
-        # Whatever the header fuzz accepted must be safe to hand to the model.
-        assume(info.frame.width * info.frame.height <= 4_000_000)
-        assert_result_matches_pillow(backends.decode_result(data, "model"), data)
+    assert reason in jpeg.REASONS and reason != "not-jpeg"
 
 
 def _seed_files() -> list[bytes]:

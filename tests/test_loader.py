@@ -318,18 +318,16 @@ def test_bad_inputs_outcomes_and_accounting(bad_dir, backend, request):
         assert loader.pool.free == loader.pool.depth
 
 
+@pytest.mark.timeout(120)       # a hang guard: three headers are rejected at once
 def test_huge_declared_frame_is_an_error_without_a_huge_buffer(tmp_path):
     data = patch_sof(gen(16, 16, subsampling=0, quality=80), width=65535, height=65535)
     path = write(tmp_path / "huge.jpg", data)
     _, pillow_exc = pillow_file(path)
     assert type(pillow_exc).__name__ == "DecompressionBombError"
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss        # KiB on Linux
-    start = time.perf_counter()
     with make_loader([(str(path), 0)] * 3, 2, backend="cpu", slot_pixels=64 * 64) as loader:
         batches = drain(loader)
-    elapsed = time.perf_counter() - start
     grown = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - peak
-    assert elapsed < 10, f"{elapsed:.1f} s for three rejected headers"
     assert grown < 256 * 1024, f"peak RSS grew by {grown} KiB"
     assert [len(b.indices) for b in batches] == [0, 0]
     assert tuple(batches[0].images.shape) == (0, 3, 0, 0)
@@ -709,7 +707,7 @@ def test_sim_lanes_stuck_one_at_a_time_end_in_a_reset(sim, tmp_path):
         device.watchdog = 2000
         device.transport.set_port(PortBehaviour(stall_reads=True))
         pool = BatchPool(1, 64 * 64 * 3, depth=1, allocate=service.allocator())
-        start = time.perf_counter()
+        clocks0 = device.transport.counters()["clocks"]
         for i, path in enumerate(paths):
             task[0] = i
             buf = pool.acquire()
@@ -717,7 +715,7 @@ def test_sim_lanes_stuck_one_at_a_time_end_in_a_reset(sim, tmp_path):
             service.submit(Task(i, path, buf, 0, lambda task, outcome: outcomes.append(outcome)))
             service.drain()
             pool.release(buf)
-        elapsed = time.perf_counter() - start
+        clocks = device.transport.counters()["clocks"] - clocks0
     finally:
         service.close(backend=False)
         del device.reset
@@ -725,7 +723,8 @@ def test_sim_lanes_stuck_one_at_a_time_end_in_a_reset(sim, tmp_path):
         (i, "fallback", "watchdog", "cpu") for i in range(5)]
     assert sorted(o.extra["lane"] for o in outcomes[:LANES]) == list(range(LANES))
     assert resets == [LANES - 1], "one reset, during the task that left every lane stuck"
-    assert elapsed < 60
+    # About 10,000: far under the driver's wait bound (2**28 clocks), which nothing waited out.
+    assert clocks < 1 << 20, clocks
 
 
 @needs_verilator
@@ -746,9 +745,9 @@ def test_sim_stalled_memory_falls_back_to_cpu(sim, sim_source):
         assert device is sim.device
         device.watchdog = 2000
         device.transport.set_port(PortBehaviour(stall_reads=True))
-        start = time.perf_counter()
+        clocks0 = device.transport.counters()["clocks"]
         batches = drain(loader)
-        elapsed = time.perf_counter() - start
+        clocks = device.transport.counters()["clocks"] - clocks0
         assert check_batches(loader, batches) == list(range(8))
         outcomes = [o for b in batches for o in b.outcomes]
         assert outcomes[-1].index == 8 and outcomes[-1].status == "error"
@@ -761,7 +760,8 @@ def test_sim_stalled_memory_falls_back_to_cpu(sim, sim_source):
         assert loader.report.fallbacks == fallbacks
         stats = loader.stats().outcomes
         assert stats["fallback:watchdog"] + stats["fallback:device-fault"] == 8
-        assert elapsed < 60
+        # About one watchdog period (2,000 clocks), not the driver's bound (2**28).
+        assert clocks < 1 << 20, f"{clocks} clocks: the dispatcher waited for the driver's bound"
     # The device works again once the memory answers.
     device.transport.set_port(PortBehaviour())
     device.reset()
@@ -774,14 +774,13 @@ def test_sim_stalled_memory_falls_back_to_cpu(sim, sim_source):
 # 7. Abandoned epochs
 
 
+@pytest.mark.timeout(120)       # a hang guard: leaving the epoch must not wait for it
 def test_break_out_of_an_epoch_then_a_full_one(tiny_source):
     with make_loader(tiny_source, 2, backend="cpu", prefetch=2, slot_pixels=32 * 32) as loader:
         assert loader.pool.depth == 3
-        start = time.perf_counter()
         for batch in loader:
             assert batch.indices.tolist() == [0, 1]
             break
-        assert time.perf_counter() - start < 10
         assert loader.pool.free == loader.pool.depth
         assert loader.stats().images == 2
         assert loader.report.accounted < loader.report.positions
@@ -1014,15 +1013,14 @@ def test_a_raising_done_callback_is_called_once(tiny_source):
         assert service._outstanding == 0
 
 
+@pytest.mark.timeout(120)       # a hang guard: a FIFO blocks a plain open() for ever
 def test_special_files_are_unreadable_not_read(tmp_path):
     good = write(tmp_path / "c" / "good.jpg", gen(16, 16))
     (tmp_path / "c" / "zero.jpg").symlink_to("/dev/zero")
     fifo = tmp_path / "c" / "fifo.jpg"
     __import__("os").mkfifo(fifo)
     with make_loader(str(tmp_path), 4, backend="cpu") as loader:
-        start = time.perf_counter()
         (batch,) = drain(loader)
-        assert time.perf_counter() - start < 10
         assert [loader.samples[i].path for i in batch.indices.tolist()] == [str(good)]
         assert sorted((o.path.rsplit("/", 1)[1], o.reason, o.detail) for o in loader.report.skipped) == [
             ("fifo.jpg", "unreadable", "not a regular file"), ("zero.jpg", "unreadable", "not a regular file")]
@@ -1092,7 +1090,10 @@ def test_instant_device_batches_equal_pillow_and_bench_host_accounts(tiny_source
     for row in result["epochs"]:
         assert row["images"] == len(files)
         assert row["read_s"] > 0 and row["instrument_s"] > 0
-        assert 0 < row["host_us_per_image"] < row["with_reads_us_per_image"]
+        # CPU time less the instrument's, less the reads': identities, not speeds.
+        per_image = 1e6 / row["images"]
+        assert row["with_reads_us_per_image"] == pytest.approx((row["cpu_s"] - row["instrument_s"]) * per_image)
+        assert row["host_us_per_image"] == pytest.approx(row["with_reads_us_per_image"] - row["read_s"] * per_image)
         threads = row["thread_cpu_us_per_image"]
         assert threads["MainThread"] > 0 and threads["dlbooster-device0"] > 0
     assert result["goal_met"] == (result["host_us_per_image"] <= 20.0)

@@ -10,10 +10,11 @@ import numpy as np
 import pytest
 
 from dlbooster.sources import IMG_EXTENSIONS, Sample, as_samples, image_folder
+from jpegtools import CORPUS_DIR
 
 folder = pytest.importorskip("torchvision.datasets.folder")
 
-HYMENOPTERA = Path(__file__).resolve().parents[1].parent / "shared" / "corpus" / "hymenoptera" / "hymenoptera_data" / "train"
+HYMENOPTERA = CORPUS_DIR / "hymenoptera" / "hymenoptera_data" / "train"
 
 needs_symlinks = pytest.mark.skipif(not hasattr(os, "symlink") or os.name == "nt",
                                     reason="needs POSIX symbolic links")
