@@ -94,10 +94,12 @@ _JPEG_MAX_DIMENSION = 65500
 
 _SOF_MARKERS = frozenset(range(0xC0, 0xD0)) - {0xC4, 0xC8, 0xCC}
 _RST_MARKERS = frozenset(range(0xD0, 0xD8))
-# In entropy-coded data: fill bytes before a stuffed zero (not valid T.81), or a marker:
-# 0xFF, then a code that is neither 0x00 (stuffing, T.81 F.1.2.3) nor 0xFF (fill: the
-# match then starts at the last fill byte).
-_MARKER_RE = re.compile(rb"\xff\xff+\x00|\xff[\x01-\xfe]")
+# In entropy-coded data: a run of two or more 0xFF (fill bytes, T.81 B.1.1.2) with the
+# byte after it, if any (a stuffed zero after fill bytes is not valid T.81; anything else
+# is a marker), or one 0xFF and a code that is neither 0x00 (stuffing, T.81 F.1.2.3) nor
+# 0xFF (a marker). A run is matched whole: started at each of its bytes in turn, the
+# search took time quadratic in the run's length.
+_MARKER_RE = re.compile(rb"\xff\xff+[\x00-\xfe]?|\xff[\x01-\xfe]")
 
 
 @dataclass(frozen=True, slots=True)
@@ -285,6 +287,8 @@ def _end_of_entropy_data(data: bytes, start: int) -> tuple[int, int, int]:
     fill = -1
     for m in _MARKER_RE.finditer(data, start):
         code = data[m.end() - 1]
+        if code == 0xFF:                      # fill bytes up to the end of the data
+            break
         if code == 0:
             if fill < 0:
                 fill = m.start()

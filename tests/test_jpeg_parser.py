@@ -179,6 +179,29 @@ def test_parse_restart_intervals(ss, w, h, kw):
     assert jpeg.classify(info) is None
 
 
+@pytest.mark.timeout(120)       # a hang guard: 2 MB of fill bytes took about 40 minutes
+@pytest.mark.parametrize("backend", ["cpu", "model"])
+def test_long_runs_of_fill_bytes_in_the_entropy_data(backend):
+    """Fill bytes (T.81 B.1.1.2) before the EOI, before an RSTn, and at the very end of
+    a file: the entropy data ends at the run's last 0xFF, and each image equals Pillow's
+    (a run was once searched from each of its bytes, in time quadratic in its length)."""
+    data = gen(53, 37, subsampling=2, quality=80, restart_blocks=2)
+    scan = jpeg.parse(data).scans[0]
+    run = b"\xff" * 2_000_000
+    rst = find_rst(data, scan.data_start, scan.data_end)[0]
+    before_eoi = data[:-2] + run + data[-2:]
+    before_rst = data[:rst] + run + data[rst:]
+    for padded in (before_eoi, before_rst):
+        info = jpeg.parse(padded)
+        assert info.error is None and info.scans[0].data_end == len(padded) - 2 == info.eoi
+        assert info.scans[0].restarts == scan.restarts and info.scans[0].fill_before_stuffing == -1
+        assert_result_matches_pillow(backends.decode_result(padded, backend), padded)
+    cut = data[:-2] + run                   # no EOI: the data runs to the end of the file
+    info = jpeg.parse(cut)
+    assert info.scans[0].data_end == len(cut) and info.eoi == -1
+    assert_result_matches_pillow(backends.decode_result(cut, backend), cut)
+
+
 def test_parse_trailing_bytes():
     data = gen(33, 17, subsampling=2)
     for extra in (b"x", b"\x00" * 100, b"\xff\xd8\xff\xe0junk"):
