@@ -42,6 +42,8 @@ __all__ = [
     "decode_result",
     "decode_results",
     "get_backend",
+    "LARGE_FILE",
+    "LargeFile",
     "read_file",
     "read_input",
 ]
@@ -144,8 +146,12 @@ class CpuBackend:
         return view
 
 
-def decode_pillow(data: bytes) -> np.ndarray:
+def decode_pillow(data: bytes | str) -> np.ndarray:
     """The reference: ``np.asarray(PIL.Image.open(f).convert("RGB"))``.
+
+    Args:
+        data: the file's bytes, or its path (str): Pillow then reads only what it needs
+            (a :class:`LargeFile`).
 
     Raises:
         DecodeError: whatever Pillow raises, as reason ``undecodable``.
@@ -155,7 +161,7 @@ def decode_pillow(data: bytes) -> np.ndarray:
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            with Image.open(io.BytesIO(data)) as im:
+            with Image.open(data if isinstance(data, str) else io.BytesIO(data)) as im:
                 return np.asarray(im.convert("RGB"))
     except Exception as exc:  # Pillow raises many types (OSError, SyntaxError, ...)
         # Pillow names the in-memory file by its repr, whose address differs per run.
@@ -448,11 +454,23 @@ def read_input(source: str | os.PathLike | bytes | bytearray | memoryview) -> tu
     Raises:
         DecodeError: ``unreadable``: missing, not a regular file (a FIFO would block,
             ``/dev/zero`` would fill memory), or the read failed.
+        LargeFile: as :func:`read_file`.
     """
     if isinstance(source, (bytes, bytearray, memoryview)):
         return bytes(source), "<bytes>"
     path = os.fspath(source)
     return read_file(path)[0], path
+
+
+#: Files of this many bytes or more are not read into memory: no device takes one (its
+#: 32-bit ``JOB_IN_LEN``: reason ``input-size``, :mod:`dlbooster.jpeg`), and one can be
+#: larger than memory. Pillow decodes them from the file, reading only what it needs.
+LARGE_FILE = 1 << 32
+
+
+class LargeFile(FallbackError):
+    """:func:`read_file` left a file of :data:`LARGE_FILE` bytes or more on disk (reason
+    ``input-size``, ``source`` its path): decode it with :func:`decode_pillow` on the path."""
 
 
 def read_file(path: str, into: Callable[[int], np.ndarray | None] | None = None
@@ -474,7 +492,9 @@ def read_file(path: str, into: Callable[[int], np.ndarray | None] | None = None
             size is 0 (``/proc`` files) are read into bytes to the end.
 
     Raises:
-        DecodeError: ``unreadable`` (missing, not a regular file, a failed read).
+        DecodeError: ``unreadable`` (missing, not a regular file, a failed read, or
+            more bytes than memory holds).
+        LargeFile: the file has :data:`LARGE_FILE` bytes or more (nothing is read).
     """
     try:
         if not stat.S_ISREG(os.stat(path).st_mode):
@@ -485,6 +505,8 @@ def read_file(path: str, into: Callable[[int], np.ndarray | None] | None = None
             if not stat.S_ISREG(st.st_mode):
                 raise DecodeError("unreadable", "not a regular file", path)
             size = st.st_size
+            if size >= LARGE_FILE:
+                raise LargeFile("input-size", f"{size} bytes, decoded by Pillow from the file", path)
             array = into(size) if into is not None and size else None
             if array is not None:
                 view = memoryview(array)[:size]
@@ -500,10 +522,24 @@ def read_file(path: str, into: Callable[[int], np.ndarray | None] | None = None
                 parts.append(chunk)
         finally:
             os.close(fd)
-    except (OSError, ValueError) as exc:       # ValueError: a NUL byte in the path
-        detail = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
+    except (OSError, ValueError, MemoryError) as exc:   # ValueError: a NUL byte in the path
+        detail = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc) or "out of memory"
         raise DecodeError("unreadable", f"{type(exc).__name__}: {detail}", path) from exc
     return (parts[0] if len(parts) == 1 else b"".join(parts)), st
+
+
+def _from_file(large: LargeFile, backend) -> DecodeResult:
+    """The result for a file :func:`read_file` left on disk: Pillow decodes it from the
+    file, the CPU path's result for every backend (none other can take it)."""
+    path, declined = large.source, not isinstance(backend, CpuBackend)
+    try:
+        image = decode_pillow(path)
+    except DecodeError as exc:
+        return DecodeResult(path, "error", None, exc.reason, exc.detail,
+                            extra={"declined": large.reason} if declined else {})
+    if declined:
+        return DecodeResult(path, "fallback", "cpu", large.reason, large.detail, image)
+    return DecodeResult(path, "ok", "cpu", None, image=image)
 
 
 def _fallback(name: str, data: bytes, info, declined: FallbackError, cpu, extra: dict) -> DecodeResult:
@@ -537,6 +573,8 @@ def decode_result(source, backend="auto", *, cpu: CpuBackend | None = None) -> D
         data, name = read_input(source)
     except DecodeError as exc:
         return DecodeResult(exc.source, "error", None, exc.reason, exc.detail)
+    except LargeFile as large:
+        return _from_file(large, backend)
     info = jpeg.parse(data)
     try:
         if isinstance(backend, ModelBackend):
@@ -568,6 +606,9 @@ def decode_results(sources, backend="auto", *, cpu: CpuBackend | None = None) ->
             data, name = read_input(source)
         except DecodeError as exc:
             results[i] = DecodeResult(exc.source, "error", None, exc.reason, exc.detail)
+            continue
+        except LargeFile as large:
+            results[i] = _from_file(large, backend)
             continue
         readable.append((i, name, data, jpeg.parse(data)))
     outs = backend.decode_many([r[2] for r in readable], [r[3] for r in readable])

@@ -42,7 +42,7 @@ from typing import Any
 import numpy as np
 
 from . import jpeg
-from .backends import CpuBackend, get_backend, read_file
+from .backends import CpuBackend, LargeFile, decode_pillow, get_backend, read_file
 from .errors import DecodeError, FallbackError
 from .pool import SpillBuffer
 
@@ -313,7 +313,10 @@ class _Dispatcher(threading.Thread):
             self.read_seconds += time.thread_time() - start
         staging = self.staging
         for task, data, st, src in read:
-            if data is None:
+            if isinstance(st, LargeFile):     # no device takes it: Pillow reads the file
+                service._to_cpu(task, None, st.reason, st.detail)
+                item = None
+            elif data is None:
                 service._error(task, st, "pre-screen")
                 item = None
             else:
@@ -775,7 +778,15 @@ class DecodeService:
 
     def _prepare_here(self, task: Task) -> None:
         try:
-            data, _ = self._read(task)
+            try:
+                data, _ = self._read(task)
+            except LargeFile as large:
+                if self.backend is not self.cpu:
+                    self._fallback_here(task, None, None, large, {})
+                    return
+                self._place(task, decode_pillow(task.path))
+                self._finish(task, Outcome(task.index, task.path, "ok", self.cpu.name))
+                return
             self._decode_here(task, data, jpeg.parse(data))
         except Exception as exc:  # never lose a task to a fault
             self._error(task, exc, "decode")
@@ -803,11 +814,15 @@ class DecodeService:
 
     def _fallback_here(self, task: Task, data: bytes | None, info, declined: FallbackError, extra: dict) -> None:
         try:
-            if data is None:
-                data, _ = self._read(task)
-            if info is None or info.headers_only:
-                info = jpeg.parse(data)
-            self._place(task, self.cpu.decode_into(data, info, task.buffer.data[task.slot]))
+            try:
+                if data is None:
+                    data, _ = self._read(task)
+            except LargeFile:
+                self._place(task, decode_pillow(task.path))
+            else:
+                if info is None or info.headers_only:
+                    info = jpeg.parse(data)
+                self._place(task, self.cpu.decode_into(data, info, task.buffer.data[task.slot]))
         except Exception as exc:
             self._error(task, exc, "CPU decode", extra)
             return

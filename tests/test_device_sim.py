@@ -9,6 +9,7 @@ the host mapped writable (``violations``). Builds: 1 and 4 lanes, 256-pixel line
 from __future__ import annotations
 
 import json
+import os
 
 import numpy as np
 import pytest
@@ -595,6 +596,11 @@ def test_cli_decode_backend_sim(tmp_path, capsys):
              "d.jpg": a[:sos] + b"\xff\x01" + a[sos:], "e.jpg": drop_huffman(a, STANDARD)}
     for name, data in files.items():
         (tmp_path / name).write_bytes(data)
+    # f.jpg: a.jpg followed by zeros to 4 GiB (sparse): Pillow decodes it from the file.
+    from dlbooster.backends import LARGE_FILE
+
+    (tmp_path / "f.jpg").write_bytes(a)
+    os.truncate(tmp_path / "f.jpg", LARGE_FILE)
     code = main(["decode", "--backend", "sim", "--max-width", str(WIDTH), "--lanes", "4", "--json", "--verify",
                  str(tmp_path)])
     out = json.loads(capsys.readouterr().out)
@@ -609,4 +615,8 @@ def test_cli_decode_backend_sim(tmp_path, capsys):
     assert "cycles" not in by_name["d.jpg"], "the host pre-screen keeps it from the device"
     assert (by_name["e.jpg"]["status"], by_name["e.jpg"]["backend"]) == ("ok", "sim")
     assert by_name["e.jpg"]["sha256"] == by_name["a.jpg"]["sha256"] and by_name["e.jpg"]["cycles"] > 0
+    f = by_name["f.jpg"]
+    assert (f["status"], f["backend"], f["reason"], f["sha256"]) == ("fallback", "cpu", "input-size",
+                                                                     by_name["a.jpg"]["sha256"])
+    assert f["matches_pillow"] and "cycles" not in f
     assert out["summary"]["pillow_mismatches"] == 0

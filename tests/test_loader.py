@@ -318,6 +318,34 @@ def test_bad_inputs_outcomes_and_accounting(bad_dir, backend, request):
         assert loader.pool.free == loader.pool.depth
 
 
+@pytest.mark.parametrize("backend", ["cpu", "model"])
+def test_files_of_4_gib_or_more_are_decoded_from_the_file(backend, tmp_path):
+    """Sparse files of LARGE_FILE bytes (a 60 GB one was read whole, and failed with a
+    MemoryError): never read into memory; Pillow decodes them from the file, so a JPEG
+    followed by zeros is Pillow's image and zeros alone are Pillow's error."""
+    from dlbooster.backends import LARGE_FILE
+
+    head = gen(40, 24, subsampling=2, quality=80)
+    big, zeros = write(tmp_path / "big.jpg", head), write(tmp_path / "zeros.jpg", b"")
+    os.truncate(big, LARGE_FILE + 5)
+    os.truncate(zeros, LARGE_FILE)
+    good = write(tmp_path / "good.jpg", gen(16, 16, subsampling=0))
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss        # KiB on Linux
+    with make_loader([(str(big), 0), (str(zeros), 1), (str(good), 2)], 3, backend=backend,
+                     on_error="skip") as loader:
+        (batch,) = drain(loader)
+    assert resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - peak < 256 * 1024
+    assert batch.indices.tolist() == [0, 2] and batch.labels.tolist() == [0, 2]
+    assert tuple(batch.sizes[0].tolist()) == (24, 40)
+    assert np.array_equal(batch.images[0, :, :24, :40].permute(1, 2, 0).numpy(), pillow_file(big)[0])
+    (skipped,) = loader.report.skipped
+    assert (skipped.index, skipped.status, skipped.reason) == (1, "error", "undecodable")
+    assert "cannot identify image file" in skipped.detail
+    unusual = [(o.index, o.status, o.reason, o.backend) for o in batch.outcomes]
+    assert unusual == ([] if backend == "cpu" else [(0, "fallback", "input-size", "cpu")]) + [
+        (1, "error", "undecodable", None)]
+
+
 @pytest.mark.timeout(120)       # a hang guard: three headers are rejected at once
 def test_huge_declared_frame_is_an_error_without_a_huge_buffer(tmp_path):
     data = patch_sof(gen(16, 16, subsampling=0, quality=80), width=65535, height=65535)
