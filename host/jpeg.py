@@ -73,6 +73,11 @@ REASONS = frozenset({
 
 #: Default line-buffer width of a decoder lane, in pixels.
 DEFAULT_MAX_WIDTH = 8192
+#: Scans :func:`parse` records before it stops with an error: each costs about 1.4 kB of
+#: tables, and a file of SOS segments alone made 100 bytes of them per input byte.
+#: Progressive files have about 10 (jcparam.c's simple progression); what the limit
+#: stops goes to the CPU path, where Pillow decides.
+MAX_SCANS = 1000
 
 #: Pillow raises ``DecompressionBombError`` above twice ``Image.MAX_IMAGE_PIXELS``
 #: (89,478,485 by default in Pillow 13, ``PIL/Image.py``); a decoder must fail there too.
@@ -386,6 +391,8 @@ def parse(data: bytes, *, headers_only: bool = False) -> JpegInfo:
         elif marker == 0xDA:
             if info.frame is None:
                 return _fail(info, "SOS before SOF", offset)
+            if len(info.scans) == MAX_SCANS:
+                return _fail(info, f"more than {MAX_SCANS} scans", offset)
             scan = _parse_sos(body, info.frame, restart_interval, qtables, dc_tables, ac_tables, pos)
             if scan is None:
                 return _fail(info, "bad scan header", offset)

@@ -202,6 +202,21 @@ def test_long_runs_of_fill_bytes_in_the_entropy_data(backend):
     assert_result_matches_pillow(backends.decode_result(cut, backend), cut)
 
 
+@pytest.mark.parametrize("backend", ["cpu", "model"])
+def test_a_flood_of_scan_headers_stops_the_parse_at_max_scans(backend):
+    """A file followed by 100,000 copies of its SOS segment (about 1.4 MB): the parse
+    records MAX_SCANS scans and stops (each scan held its tables: 100 bytes of memory
+    per input byte), and the outcome is Pillow's."""
+    data = gen(24, 16, subsampling=2, quality=80)
+    scan = jpeg.parse(data).scans[0]
+    sos = data.index(b"\xff\xda")
+    flood = data[:-2] + data[sos:scan.data_start] * 100_000 + data[-2:]
+    info = jpeg.parse(flood)
+    assert len(info.scans) == jpeg.MAX_SCANS and info.error == f"more than {jpeg.MAX_SCANS} scans"
+    assert jpeg.classify(info) == "malformed-header"
+    assert_result_matches_pillow(backends.decode_result(flood, backend), flood)
+
+
 def test_parse_trailing_bytes():
     data = gen(33, 17, subsampling=2)
     for extra in (b"x", b"\x00" * 100, b"\xff\xd8\xff\xe0junk"):
