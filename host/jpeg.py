@@ -205,7 +205,8 @@ class JpegInfo:
         adobe_transform: the APP14 Adobe transform flag, or None without one.
         not_jpeg: the input does not start with SOI and a marker.
         headers_only: parsing stopped at the first SOS (see :func:`parse`).
-        dnl: a DNL marker was seen.
+        dnl: a DNL segment before the first scan (one after it is ``after-scan``'s, as
+            the decoder's entropy stage reports it).
         dac: a DAC segment (arithmetic conditioning) came before the first scan.
         icc_segments: ICC_PROFILE APP2 bodies seen since the last check (internal).
         eoi: offset of EOI, or -1 if the input ends first.
@@ -403,7 +404,7 @@ def parse(data: bytes, *, headers_only: bool = False) -> JpegInfo:
             scan.data_end, scan.restarts, scan.fill_before_stuffing = _end_of_entropy_data(data, pos)
             pos = scan.data_end
         elif marker == 0xDC:
-            info.dnl = True
+            info.dnl = info.dnl or not info.scans
         elif marker == 0xCC:
             # DAC (T.81 B.2.4.3), checked as libjpeg-turbo's get_dac (jdmarker.c) does even
             # in a Huffman-coded file: index pairs, a table index below 32, and a DC
@@ -637,8 +638,8 @@ def classify(
         return "components"
     if info.color_space not in ("gray", "ycbcr"):
         return "color-transform"
-    if any(not (1 <= c.h <= 4 and 1 <= c.v <= 4) for c in frame.components):
-        return "malformed-header"
+    if any(not (1 <= c.h <= 4 and 1 <= c.v <= 4) or c.tq > 3 for c in frame.components):
+        return "malformed-header"             # T.81 B.2.2: H and V 1-4, Tq 0-3
     if len({c.id for c in frame.components}) != ncomp:
         return "malformed-header"
     if ncomp == 3 and info.subsampling == "other":

@@ -592,12 +592,17 @@ def test_cli_decode_backend_sim(tmp_path, capsys):
     sos = a.index(b"\xff\xda")
     # d.jpg: a TEM between segments, which the decoder skips and Pillow refuses.
     # e.jpg: no DHT, as a Motion-JPEG frame: the runtime supplies the standard tables.
+    # g.jpg: a DNL after the scan; h.jpg: a quantiser slot of 4 (the device and the
+    # model name both as the host's classify does).
+    sof = a.index(b"\xff\xc0")
     files = {"a.jpg": a, "b.jpg": gen(16, 16, progressive=True), "c.jpg": b"not a jpeg at all",
-             "d.jpg": a[:sos] + b"\xff\x01" + a[sos:], "e.jpg": drop_huffman(a, STANDARD)}
+             "d.jpg": a[:sos] + b"\xff\x01" + a[sos:], "e.jpg": drop_huffman(a, STANDARD),
+             "g.jpg": a[:-2] + b"\xff\xdc\x00\x04\x00\x10" + a[-2:],
+             "h.jpg": a[:sof + 12] + b"\x04" + a[sof + 13:]}
     for name, data in files.items():
         (tmp_path / name).write_bytes(data)
     # f.jpg: a.jpg followed by zeros to 4 GiB (sparse): Pillow decodes it from the file.
-    from dlbooster.backends import LARGE_FILE
+    from dlbooster.backends import LARGE_FILE, decode_result
 
     (tmp_path / "f.jpg").write_bytes(a)
     os.truncate(tmp_path / "f.jpg", LARGE_FILE)
@@ -619,4 +624,11 @@ def test_cli_decode_backend_sim(tmp_path, capsys):
     assert (f["status"], f["backend"], f["reason"], f["sha256"]) == ("fallback", "cpu", "input-size",
                                                                      by_name["a.jpg"]["sha256"])
     assert f["matches_pillow"] and "cycles" not in f
+    g, h = by_name["g.jpg"], by_name["h.jpg"]
+    assert (g["status"], g["reason"], g["matches_pillow"]) == ("fallback", "after-scan", True)
+    assert (h["status"], h["declined"], h["matches_pillow"]) == ("error", "malformed-header", True)
+    for name, record in (("g.jpg", g), ("h.jpg", h)):
+        model = decode_result(str(tmp_path / name), "model")
+        assert (model.status, model.reason, model.extra.get("declined")) == (
+            record["status"], record["reason"], record.get("declined")), name
     assert out["summary"]["pillow_mismatches"] == 0

@@ -217,6 +217,23 @@ def test_a_flood_of_scan_headers_stops_the_parse_at_max_scans(backend):
     assert_result_matches_pillow(backends.decode_result(flood, backend), flood)
 
 
+def test_a_dnl_after_the_scan_and_a_quantiser_slot_over_3_are_named_as_the_device_names_them():
+    """A DNL segment after the scan of a frame with a height is ``after-scan`` (the
+    device's entropy stage finds it there), not ``dnl`` (a height 0 or a DNL before the
+    scan); a component's Tq of 4 is ``malformed-header`` (T.81 B.2.2: 0-3; the device's
+    header parser checks the field), not ``missing-table``."""
+    data = gen(24, 16, subsampling=2, quality=80)
+    after = data[:-2] + segment(0xDC, struct.pack(">H", 16)) + data[-2:]
+    assert jpeg.classify(jpeg.parse(after)) == "after-scan"
+    sof = data.index(b"\xff\xc0")
+    before = data[:sof] + segment(0xDC, struct.pack(">H", 16)) + data[sof:]
+    assert jpeg.classify(jpeg.parse(before)) == "dnl"
+    tq4 = bytearray(data)
+    tq4[sof + 12] = 4                        # the first component's Tq
+    assert jpeg.parse(bytes(tq4)).frame.components[0].tq == 4
+    assert jpeg.classify(jpeg.parse(bytes(tq4))) == "malformed-header"
+
+
 def test_parse_trailing_bytes():
     data = gen(33, 17, subsampling=2)
     for extra in (b"x", b"\x00" * 100, b"\xff\xd8\xff\xe0junk"):
