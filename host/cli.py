@@ -164,6 +164,11 @@ def _batched(inputs, batch, backend, cpu, progress):
         progress.update(len(chunk))
 
 
+# Control characters in file names (a newline would split an input's line in two), as
+# Python escapes them.
+_CONTROL = {c: repr(chr(c))[1:-1] for c in (*range(32), 127)}
+
+
 def _cmd_decode(args: argparse.Namespace) -> int:
     from tqdm import tqdm
 
@@ -246,14 +251,14 @@ def _cmd_decode(args: argparse.Namespace) -> int:
             if record["status"] != "ok" or len(results) <= 20:
                 detail = f": {record['detail']}" if record.get("detail") else ""
                 print(f"{record['status']:8} {record['backend'] or '-':6} "
-                      f"{record['reason'] or '-':22} {record['path']}{detail}")
+                      f"{record['reason'] or '-':22} " + f"{record['path']}{detail}".translate(_CONTROL))
         print(f"{summary['inputs']} inputs: {summary['ok']} ok, {summary['fallback']} fallback, "
               f"{summary['error']} error" + (f", {len(mismatches)} differ from Pillow" if args.verify else "")
               + (f", {len(unsaved)} PNG(s) not written" if unsaved else ""))
         for key, n in summary["by_reason"].items():
             print(f"  {n:6}  {key}")
     for path in mismatches:
-        print(f"differs from Pillow: {path}", file=sys.stderr)
+        print(f"differs from Pillow: {path}".translate(_CONTROL), file=sys.stderr)
     return 1 if errors or mismatches or unsaved or not inputs else 0
 
 

@@ -159,6 +159,20 @@ def test_file_names_outside_the_locales_encoding_are_printed_escaped(folder, tmp
     assert "3 inputs: 3 ok" in done.stdout
 
 
+def test_control_characters_in_file_names_are_printed_escaped(folder, tmp_path, capsys):
+    """One line per input: a newline or tab in a name is printed as Python escapes it."""
+    odd = tmp_path / "odd"
+    odd.mkdir()
+    (odd / "new\nline\t.jpg").write_bytes(b"not a jpeg")
+    (odd / "fine.jpg").write_bytes((folder / "a.jpg").read_bytes())
+    assert main(["decode", "--backend", "cpu", str(odd)]) == 1
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0] == f"ok       cpu    -                      {odd}/fine.jpg"
+    assert lines[1].startswith("error    -      undecodable            ")
+    assert f"{odd}/new\\nline\\t.jpg: Pillow: UnidentifiedImageError" in lines[1]
+    assert lines[2] == "2 inputs: 1 ok, 0 fallback, 1 error"
+
+
 def test_verify_reads_inputs_as_the_decode_does(folder, tmp_path, capsys):
     # A FIFO would block a plain open() and /dev/zero would fill memory: both must be
     # reported as unreadable, with --verify as without. In a child with a time limit, so
