@@ -201,6 +201,9 @@ def transcode(data: bytes, path: str = "<bytes>", jpegtran: str | None = None, *
         # One line: jpegtran ends each warning with a newline.
         message = "; ".join(line.strip() for line in run.stderr.decode(errors="replace").splitlines()
                             if line.strip()) or f"exit status {run.returncode}"
+        if "Backing store not supported" in message:   # libjpeg-turbo's words for -maxmemory exceeded
+            raise RecordError(f"{path}: too large to transcode: jpegtran needs more than {max_memory_mb} MB "
+                              f"for its coefficients ({message})")
         raise RecordError(f"{path}: jpegtran failed: {message}")
     return run.stdout
 
@@ -647,8 +650,11 @@ class RecordFile:
         path = self.path
         size = os.fstat(f.fileno()).st_size
         head = f.read(_HEADER.size)
-        if len(head) < _HEADER.size or head[:8] != MAGIC:
+        if head[:8] != MAGIC[:len(head)] or not head:
             raise RecordError(f"{path}: not a dlbooster record (bad magic)")
+        if len(head) < _HEADER.size:
+            raise RecordError(f"{path}: truncated record: {len(head)} bytes, shorter than the "
+                              f"{_HEADER.size}-byte fixed header")
         _, version, n, s, m, reserved = _HEADER.unpack(head)
         if version != FORMAT_VERSION:
             raise RecordError(f"{path}: record format version {version}; this reader reads {FORMAT_VERSION}")

@@ -164,6 +164,7 @@ def test_skipped_inputs_are_reported(tmp_path):
     for path, reason in skipped.items():
         assert path in reason and ("jpegtran" in reason or "Pillow" in reason or "not a regular file" in reason)
         assert "\n" not in reason, reason          # jpegtran's warnings joined into one line
+    assert "too large to transcode: jpegtran needs more than 1024 MB" in skipped[str(src / "a" / "huge.jpg")]
     with pytest.raises(FileExistsError):
         R.write_records(src, tmp_path / "rec")
     # Inside SRC the records folder would turn into a class of SRC; nothing is created.
@@ -213,8 +214,10 @@ def test_reader_rejects_damage(written, tmp_path, monkeypatch, piece):
     with pytest.raises(R.RecordError, match="truncated record"):
         rf.read_prefix(None)
 
-    for data, message in ((good[:20], "truncated record|bad magic"), (good[:100], "truncated record"),
-                          (b"PK\x03\x04" + good[4:], "bad magic"),
+    for data, message in ((good[:20], "truncated record: 20 bytes, shorter than the 32-byte fixed header"),
+                          (good[:3], "truncated record: 3 bytes"), (b"", "bad magic"),
+                          (good[:100], "truncated record"), (b"PK\x03\x04" + good[4:], "bad magic"),
+                          (b"PK", "bad magic"),
                           (good[:8] + struct.pack("<I", 2) + good[12:], "version 2"),
                           (good[:40] + bytes([good[40] ^ 1]) + good[41:], "header CRC")):
         path.write_bytes(data)
