@@ -96,13 +96,14 @@ def _check_size(name: str, value) -> int:
     return int(value)
 
 
-def _check_range(name: str, value, low_ok) -> tuple[float, float]:
+def _check_range(name: str, value, zero_ok: bool) -> tuple[float, float]:
     try:
         lo, hi = (float(v) for v in value)
     except (TypeError, ValueError):
         raise ValueError(f"{name} must be a (min, max) pair of numbers, got {value!r}") from None
-    if not (math.isfinite(lo) and math.isfinite(hi) and low_ok(lo) and lo <= hi and hi > 0):
-        raise ValueError(f"{name} must be a finite (min, max) pair with min <= max, got {value!r}")
+    if not (math.isfinite(lo) and math.isfinite(hi) and (lo >= 0 if zero_ok else lo > 0) and lo <= hi and hi > 0):
+        rule = "0 <= min <= max and max > 0" if zero_ok else "0 < min <= max"
+        raise ValueError(f"{name} must be a finite (min, max) pair with {rule}, got {value!r}")
     return lo, hi
 
 
@@ -180,8 +181,8 @@ class RandomResizedCrop(_ResizedCrop):
     def __init__(self, size: int = 224, scale=(0.08, 1.0), ratio=(3 / 4, 4 / 3),
                  antialias: bool = True):
         super().__init__(size, antialias)
-        self.scale = _check_range("scale", scale, lambda lo: lo >= 0)
-        self.ratio = _check_range("ratio", ratio, lambda lo: lo > 0)
+        self.scale = _check_range("scale", scale, zero_ok=True)
+        self.ratio = _check_range("ratio", ratio, zero_ok=False)
 
     def params(self, sizes: Tensor, generator: torch.Generator | None) -> Tensor:
         """Draw one crop box per image.
@@ -316,6 +317,8 @@ class DeviceTransform:
             raise TypeError(f"dtype must be a torch.dtype (e.g. torch.float16), got {dtype!r}")
         if not dtype.is_floating_point:
             raise ValueError(f"dtype must be a floating point dtype, got {dtype}")
+        if isinstance(seed, bool) or not isinstance(seed, numbers.Integral):
+            raise TypeError(f"seed must be an int, got {seed!r}")
         self.crop = crop
         self.flip = bool(flip)
         self.mean = mean

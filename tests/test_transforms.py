@@ -221,6 +221,12 @@ def test_rejects_bad_crop_arguments():
     for kw in ({"size": 300}, {"size": 0}, {"resize": -1}):
         with pytest.raises(ValueError):
             CenterCrop(**kw)
+    # The message states the rule that was broken.
+    with pytest.raises(ValueError, match=r"scale must be a finite \(min, max\) pair with 0 <= min <= max and max > 0, "
+                                         r"got \(0, 0\)"):
+        RandomResizedCrop(scale=(0, 0))
+    with pytest.raises(ValueError, match=r"ratio must be a finite \(min, max\) pair with 0 < min <= max, got \(0, 1\)"):
+        RandomResizedCrop(ratio=(0, 1))
 
 
 def test_crop_sizes_of_any_integer_type_are_plain_ints():
@@ -465,3 +471,7 @@ def test_rejects_bad_transform_arguments():
         DeviceTransform(lambda ims, g: ims)
     with pytest.raises(TypeError, match=r"torch\.dtype .*'float16'"):
         identity_transform(dtype="float16")
+    for seed in (1.7, True, "3"):                 # was truncated to int(1.7) == 1
+        with pytest.raises(TypeError, match=f"seed must be an int, got {seed!r}"):
+            train_transform(8, seed=seed)
+    assert train_transform(8, seed=np.int64(3)).seed == 3
