@@ -453,13 +453,18 @@ def read_input(source: str | os.PathLike | bytes | bytearray | memoryview) -> tu
 
     Raises:
         DecodeError: ``unreadable``: missing, not a regular file (a FIFO would block,
-            ``/dev/zero`` would fill memory), or the read failed.
+            ``/dev/zero`` would fill memory), or the read failed; ``undecodable``: empty
+            (detail ``empty file`` or ``empty input``, as the runtime's service says).
         LargeFile: as :func:`read_file`.
     """
     if isinstance(source, (bytes, bytearray, memoryview)):
-        return bytes(source), "<bytes>"
-    path = os.fspath(source)
-    return read_file(path)[0], path
+        data, name = bytes(source), "<bytes>"
+    else:
+        name = os.fspath(source)
+        data = read_file(name)[0]
+    if not data:
+        raise DecodeError("undecodable", "empty input" if name == "<bytes>" else "empty file", name)
+    return data, name
 
 
 #: Files of this many bytes or more are not read into memory: no device takes one (its

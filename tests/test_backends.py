@@ -200,6 +200,8 @@ def test_undecodable_inputs_raise_decode_error(kind, backend, tmp_path):
     assert (result.status, result.backend, result.image) == ("error", None, None)
     assert result.path == str(path)
     assert result.reason == "undecodable"
+    if kind == "empty":                      # as the Loader's service says it
+        assert result.detail == "empty file" and excinfo.value.detail == "empty input"
     js = result.to_json()
     assert js["status"] == "error" and js["sha256"] is None and js["width"] is None
 
