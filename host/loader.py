@@ -238,6 +238,7 @@ class Loader:
         self.report = EpochReport(self.sampler.epoch)
         self._stats: LoaderStats | None = None
         self._end_iteration: Callable | None = None
+        self._iterations = threading.Lock()   # guards _end_iteration's swap between threads
         self._closed = False
         # Held while a batch is assembled from a pool buffer: close() waits for it before
         # the pool's memory (perhaps a device's) is freed. Reentrant for a transform that closes.
@@ -301,6 +302,10 @@ class Loader:
         paths, labels = self._paths, self._labels
 
         submitted = [0]                       # chunks handed to the service so far, in order
+        # Held from a buffer's check against ``stop`` to its submission, and by cleanup():
+        # a cleanup on another thread (a newer iteration's) cannot slip between them and
+        # miss a batch submitted after its drain (its buffer was lost for good).
+        gate = threading.Lock()
 
         def submit(wait: bool, wait_copy: bool) -> None:
             """Submit the next chunks while the pool has a free buffer (its depth is the
@@ -316,43 +321,51 @@ class Loader:
                         raise RuntimeError("the loader was closed during the epoch")
                     return
                 wait = False
-                number = submitted[0]
-                chunk = chunks[number]
-                n = buf.count = len(chunk)
-                pending = _Pending(number, buf, n, on_ready)
-                rows = np.array(chunk, np.int64)  # one conversion of the list, for both arrays
-                buf.indices[:n] = rows
-                buf.labels[:n] = labels[rows]
-                done = pending.done
-                if self.records is None:          # files: the service reads each path
-                    tasks = [Task(index, paths[index], buf, slot, done) for slot, index in enumerate(chunk)]
-                else:
-                    reader = self._reader
-                    tasks = [Task(index, paths[index], buf, slot, done, reader(index))
-                             for slot, index in enumerate(chunk)]
-                submitted[0] += 1
-                self.service.submit_many(tasks)
+                with gate:
+                    if stop.is_set():             # ended meanwhile: the buffer goes back
+                        self.pool.release(buf)
+                        return
+                    number = submitted[0]
+                    chunk = chunks[number]
+                    n = buf.count = len(chunk)
+                    pending = _Pending(number, buf, n, on_ready)
+                    rows = np.array(chunk, np.int64)  # one conversion of the list, for both arrays
+                    buf.indices[:n] = rows
+                    buf.labels[:n] = labels[rows]
+                    done = pending.done
+                    if self.records is None:          # files: the service reads each path
+                        tasks = [Task(index, paths[index], buf, slot, done) for slot, index in enumerate(chunk)]
+                    else:
+                        reader = self._reader
+                        tasks = [Task(index, paths[index], buf, slot, done, reader(index))
+                                 for slot, index in enumerate(chunk)]
+                    submitted[0] += 1
+                    self.service.submit_many(tasks)
 
         cleaned: list[bool] = []
 
         def cleanup() -> None:
             """End this iteration (finished, abandoned or superseded): no new batches,
-            let the submitted ones finish, give every buffer back. Runs once."""
-            if cleaned:
-                return
-            stop.set()
-            self.service.drain()
-            with cond:
-                while ready:                  # one at a time: an interrupt loses none
-                    self.pool.release(ready.popitem()[1].buffer)
-                failure.append(RuntimeError("this iteration of the loader was ended by a newer one"))
-            cleaned.append(True)
+            let the submitted ones finish, give every buffer back. Runs once, from any
+            thread."""
+            stop.set()                        # first: wakes a submit() waiting for a buffer
+            with gate:
+                if cleaned:
+                    return
+                cleaned.append(True)
+                self.service.drain()
+                with cond:
+                    while ready:              # one at a time: an interrupt loses none
+                        self.pool.release(ready.popitem()[1].buffer)
+                    failure.append(RuntimeError("this iteration of the loader was ended by a newer one"))
 
         # Like a DataLoader, a new iteration may start while an old one is suspended: the
-        # old one ends (its buffers would otherwise starve the new one).
-        if self._end_iteration is not None:
-            self._end_iteration()
-        self._end_iteration = cleanup
+        # old one ends (its buffers would otherwise starve the new one). Iterations on
+        # several threads at once end each other the same way.
+        with self._iterations:
+            older, self._end_iteration = self._end_iteration, cleanup
+        if older is not None:
+            older()
         outcomes0, oversize0 = Counter(self.service.stats.outcomes), self.service.stats.oversize
         bar = None
         if self.progress:
@@ -394,8 +407,11 @@ class Loader:
             cleanup()
             if bar is not None:
                 bar.close()
-            if self._end_iteration is cleanup:    # else superseded: the newer one reports
-                self._end_iteration = None
+            with self._iterations:
+                current = self._end_iteration is cleanup
+                if current:
+                    self._end_iteration = None
+            if current:                           # else superseded: the newer one reports
                 self._record_stats(images, wall, cpu, queue_peak, outcomes0, oversize0)
 
     def _record_stats(self, images, wall, cpu, queue_peak, outcomes0, oversize0) -> None:

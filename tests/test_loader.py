@@ -864,6 +864,38 @@ def test_a_new_iteration_ends_a_suspended_one(tiny_source):
         assert loader.pool.free == loader.pool.depth
 
 
+@pytest.mark.timeout(120)       # a hang guard: a lost buffer made a later epoch wait forever
+def test_iterations_on_several_threads_at_once_lose_no_buffer(tiny_source):
+    """Threads iterating one loader at once end each other's iterations (RuntimeError),
+    but none loses a pool buffer: an older iteration's cleanup on another thread once
+    ran between a buffer's take and its submission, and that buffer never came back."""
+    import threading
+
+    with make_loader(tiny_source, 1, backend="cpu", prefetch=1, slot_pixels=32 * 32) as loader:
+        ended, others = [], []
+
+        def work():
+            for _ in range(50):
+                try:
+                    for _ in loader:
+                        pass
+                except RuntimeError as exc:
+                    (ended if "ended by a newer one" in str(exc) else others).append(exc)
+
+        threads = [threading.Thread(target=work) for _ in range(3)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        assert not others
+        assert ended, "no iteration was ended by another: the threads never overlapped"
+        assert loader.pool.free == loader.pool.depth
+        batches = drain(loader)
+        assert check_batches(loader, batches) == list(range(N_SHARD))
+        assert loader.report.accounted == loader.report.positions == N_SHARD
+        assert loader.pool.free == loader.pool.depth
+
+
 def test_the_next_batch_is_submitted_before_a_batch_is_yielded(tiny_source):
     """The iterating thread submits batch n + 1 into the buffer batch n freed before it
     yields batch n, so decoding overlaps the consumer's step (one pool buffer here)."""
