@@ -179,6 +179,11 @@ class Loader:
         trace: a :class:`dlbooster.trace.Trace` recording device jobs per lane, CPU
             decodes, and each batch's assembly and copy.
 
+    A loader made before a fork (``DataLoader(num_workers > 0)`` forks its workers) is
+    usable in the child with a CPU backend (it starts its own decode threads there);
+    with a device backend, iterating it in the child raises RuntimeError (the device is
+    the parent's: make the loader in the child). A loader cannot be pickled (TypeError).
+
     Raises:
         ValueError: bad policy, sizes, fidelity or label, or a CUDA ``device`` where
             PyTorch sees none; TypeError: a batch size, seed, rank or world size that
@@ -243,6 +248,7 @@ class Loader:
         # Held while a batch is assembled from a pool buffer: close() waits for it before
         # the pool's memory (perhaps a device's) is freed. Reentrant for a transform that closes.
         self._assembling = threading.RLock()
+        self._pid = os.getpid()               # the process whose service threads serve it (_adopt)
 
     @property
     def fidelity(self) -> int | None:
@@ -281,9 +287,30 @@ class Loader:
     def backend_name(self) -> str:
         return self.service.backend_name
 
+    def _adopt(self) -> None:
+        """In a child forked from the process that made the loader (``DataLoader``'s
+        workers fork), whose service threads the child lacks: new threads, every pool
+        buffer free, the parent's iteration forgotten.
+
+        Raises:
+            RuntimeError: a device backend (:meth:`~dlbooster.service.DecodeService.adopt`).
+        """
+        self.service.adopt()
+        self.pool.adopt()
+        self._end_iteration = None
+        self._iterations, self._assembling = threading.Lock(), threading.RLock()
+        self._pid = os.getpid()
+
+    def __reduce__(self):
+        raise TypeError("a dlbooster.Loader cannot be pickled (it holds decode threads and batch buffers): "
+                        "send its source and arguments, and make the Loader in the process that uses it")
+
     def __iter__(self):
         if self._closed:
             raise RuntimeError("the loader is closed")
+        if self._pid != os.getpid():
+            self._adopt()
+        pid = self._pid
         indices = list(self.sampler)
         if self.drop_last:
             indices = indices[: len(indices) // self.batch_size * self.batch_size]
@@ -348,6 +375,8 @@ class Loader:
             """End this iteration (finished, abandoned or superseded): no new batches,
             let the submitted ones finish, give every buffer back. Runs once, from any
             thread."""
+            if os.getpid() != pid:            # the parent's iteration in a forked child: its buffers are the parent's
+                return
             stop.set()                        # first: wakes a submit() waiting for a buffer
             with gate:
                 if cleaned:
@@ -565,7 +594,14 @@ class Loader:
     def close(self) -> None:
         """Stop the service and free the pool; iterating afterwards raises RuntimeError.
         From another thread: waits until a batch being assembled is done, and the
-        iteration then raises RuntimeError instead of yielding more."""
+        iteration then raises RuntimeError instead of yielding more. In a forked child
+        a device backend's loader is only marked closed: its device and memory are the
+        parent's."""
+        if self._pid != os.getpid():
+            if not self.service.forkable:
+                self._closed = True
+                return
+            self._adopt()
         with self._assembling:
             self._closed = True
         self.service.close(backend=False)

@@ -245,6 +245,16 @@ class BatchPool:
             return buf
         return None
 
+    def adopt(self) -> None:
+        """In a child forked from the process that made the pool: every buffer free (the
+        parent's batches in flight are the parent's) in a new free queue (a parent
+        thread may have held the old one's lock at the fork). Host memory only: device
+        memory is the parent's device's."""
+        self._free = queue.Queue()
+        for buf in self.buffers:
+            buf.copied = None
+            self._free.put(buf)
+
     def release(self, buf: BatchBuffer) -> None:
         """Return a buffer to the free queue (after its copy was issued, if any)."""
         self._free.put(buf)

@@ -618,6 +618,7 @@ class DecodeService:
             d.start()
         self._screens: dict[str, tuple] = {}   # path -> (file identity, reason, width, height, tables)
         self._closed = False
+        self._pid = os.getpid()               # the process whose threads serve it (see adopt)
         #: a :class:`dlbooster.trace.Trace` for device jobs (per lane) and CPU decodes, or None
         self.trace = None
 
@@ -634,6 +635,36 @@ class DecodeService:
             return None
         return self._dispatchers[0].device.transport.allocate
 
+    @property
+    def forkable(self) -> bool:
+        """Whether a process forked from this one can use the service (:meth:`adopt`):
+        a CPU backend's can; a device backend's device is the parent's."""
+        return not self._dispatchers
+
+    def adopt(self) -> None:
+        """Make the service usable in a child forked from the process that made it (as
+        ``DataLoader``'s workers are), whose threads the child lacks: new CPU threads,
+        and the parent's tasks in flight forgotten (the parent finishes them). Called by
+        :meth:`submit_many`, :meth:`drain` and :meth:`close`; nothing to do in the
+        process that made the service.
+
+        Raises:
+            RuntimeError: a device backend (not :attr:`forkable`): its device, memory
+                and dispatcher threads are the parent's.
+        """
+        if self._pid == os.getpid():
+            return
+        if not self.forkable:
+            raise RuntimeError(f"this decode service (backend {self.backend_name!r}) was made in process "
+                               f"{self._pid} and cannot be used in process {os.getpid()}, forked from it (a "
+                               f"DataLoader worker, say): its device and dispatcher threads are the parent's; "
+                               f"make the Loader in the child process instead")
+        # Locks a parent thread held at the fork would stay held here: new ones.
+        self._lock, self._idle = threading.Lock(), threading.Condition()
+        self._outstanding = 0
+        self._cpu_pool = ThreadPoolExecutor(self.cpu_workers, thread_name_prefix="dlbooster-cpu")
+        self._pid = os.getpid()
+
     def submit(self, task: Task) -> None:
         """Queue one task (see :meth:`submit_many`)."""
         self.submit_many([task])
@@ -644,8 +675,11 @@ class DecodeService:
         the back-pressure); otherwise each task goes to the CPU pool.
 
         Raises:
-            RuntimeError: the service is closed.
+            RuntimeError: the service is closed, or a device backend's in a forked
+                child (:meth:`adopt`).
         """
+        if self._pid != os.getpid():
+            self.adopt()
         with self._idle:
             if self._closed:
                 raise RuntimeError("the decode service is closed")
@@ -885,7 +919,13 @@ class DecodeService:
 
     def close(self, backend: bool = True) -> None:
         """Finish submitted work (every task gets its outcome), then stop the dispatchers
-        and the CPU pool, and with ``backend`` :meth:`close_backend`."""
+        and the CPU pool, and with ``backend`` :meth:`close_backend`. In a forked child
+        a device backend's service is only marked closed: its device is the parent's."""
+        if self._pid != os.getpid():
+            if not self.forkable:
+                self._closed = True
+                return
+            self.adopt()
         with self._idle:
             if self._closed:
                 return
@@ -899,12 +939,15 @@ class DecodeService:
 
     def close_backend(self) -> None:
         """End a backend this service made by name (its simulated devices); one passed in
-        is the caller's to close."""
-        if self._owns_backend and hasattr(self.backend, "close"):
+        is the caller's to close, and a forked child leaves it to the parent."""
+        if self._owns_backend and hasattr(self.backend, "close") and self._pid == os.getpid():
             self.backend.close()
 
     def drain(self) -> None:
-        """Block until every submitted task has had its ``done`` call."""
+        """Block until every submitted task has had its ``done`` call (in a forked
+        child, those submitted there: :meth:`adopt`)."""
+        if self._pid != os.getpid():
+            self.adopt()
         with self._idle:
             self._idle.wait_for(lambda: not self._outstanding)
 

@@ -896,6 +896,85 @@ def test_iterations_on_several_threads_at_once_lose_no_buffer(tiny_source):
         assert loader.pool.free == loader.pool.depth
 
 
+def _in_forked_child(work, timeout: float = 60):
+    """``work()``'s result in a child forked from this process (given one PyTorch thread,
+    as a ``DataLoader`` worker is), or ``repr`` of what it raised; fails if the child
+    sends nothing within ``timeout`` seconds (a hang)."""
+    import multiprocessing
+
+    ctx = multiprocessing.get_context("fork")
+    receiver, sender = ctx.Pipe(duplex=False)
+
+    def child():
+        # As in DataLoader's workers: PyTorch's intra-op threads do not survive a fork.
+        torch.set_num_threads(1)
+        try:
+            sender.send(work())
+        except BaseException as exc:
+            sender.send(f"raised {exc!r}")
+
+    process = ctx.Process(target=child)
+    process.start()
+    try:
+        assert receiver.poll(timeout), "the forked child sent nothing: hung"
+        return receiver.recv()
+    finally:
+        process.join(10)
+        if process.is_alive():
+            process.kill()
+
+
+@pytest.mark.timeout(180)       # a hang guard: the parent's threads do not exist in the child
+def test_a_loader_iterated_before_a_fork_works_in_the_child(tiny_source):
+    """As in a ``DataLoader(num_workers > 0)`` worker: the child gets its own decode
+    threads and the whole pool, even with an iteration of the parent's in flight; the
+    parent's iteration goes on unharmed."""
+    with make_loader(tiny_source, 2, backend="cpu", slot_pixels=32 * 32) as loader:
+        assert check_batches(loader, drain(loader)) == list(range(N_SHARD))
+        parents = iter(loader)
+        first = next(parents)               # the parent's batches in flight at the fork
+
+        def child():
+            order = check_batches(loader, drain(loader))
+            return order, loader.pool.free, loader.pool.depth
+
+        order, free, depth = _in_forked_child(child)
+        assert order == list(range(N_SHARD)) and free == depth
+        assert check_batches(loader, [first, *parents]) == list(range(N_SHARD))
+        assert loader.pool.free == loader.pool.depth
+
+
+@pytest.mark.timeout(180)
+def test_a_device_loader_in_a_forked_child_says_so(tiny_source):
+    """A device backend's device and dispatcher threads are the parent's: iterating in
+    the child raises at once, naming the fork, instead of waiting forever."""
+    from dlbooster.instant import InstantBackend, InstantTransport
+
+    transport = InstantTransport(lanes=2, job_depth=4)
+    for path, _ in tiny_source:
+        transport.learn(Path(path).read_bytes(), pillow_file(path)[0])
+    with make_loader(tiny_source, 4, backend=InstantBackend(transport), slot_pixels=32 * 32) as loader:
+        assert check_batches(loader, drain(loader)) == list(range(N_SHARD))
+
+        def child():
+            try:
+                drain(loader)
+            except RuntimeError as exc:
+                loader.close()              # leaves the parent's device alone
+                return str(exc), loader._closed
+            return "no error"
+
+        message, closed = _in_forked_child(child)
+        assert "cannot be used in process" in message and "forked from it" in message and closed
+        assert check_batches(loader, drain(loader)) == list(range(N_SHARD))   # the parent's still works
+
+
+def test_a_loader_cannot_be_pickled_and_says_what_to_send(tiny_source):
+    with make_loader(tiny_source, 2, backend="cpu", slot_pixels=32 * 32) as loader:
+        with pytest.raises(TypeError, match="Loader cannot be pickled .*send its source and arguments"):
+            pickle.dumps(loader)
+
+
 def test_the_next_batch_is_submitted_before_a_batch_is_yielded(tiny_source):
     """The iterating thread submits batch n + 1 into the buffer batch n freed before it
     yields batch n, so decoding overlaps the consumer's step (one pool buffer here)."""
