@@ -311,11 +311,6 @@ class Loader:
         if self._pid != os.getpid():
             self._adopt()
         pid = self._pid
-        indices = list(self.sampler)
-        if self.drop_last:
-            indices = indices[: len(indices) // self.batch_size * self.batch_size]
-        chunks = [indices[i:i + self.batch_size] for i in range(0, len(indices), self.batch_size)]
-        report = self.report = EpochReport(self.sampler.epoch, positions=len(indices))
         ready: dict[int, _Pending] = {}
         cond = threading.Condition()
         stop = threading.Event()
@@ -393,8 +388,15 @@ class Loader:
         # several threads at once end each other the same way.
         with self._iterations:
             older, self._end_iteration = self._end_iteration, cleanup
+            # The sampler's position (its state_dict) follows the batches yielded, not the
+            # ones submitted ahead: a state saved after batch k resumes at batch k + 1.
+            indices = self.sampler.take()
         if older is not None:
             older()
+        dropped = len(indices) % self.batch_size if self.drop_last else 0
+        indices = indices[: len(indices) - dropped]
+        chunks = [indices[i:i + self.batch_size] for i in range(0, len(indices), self.batch_size)]
+        report = self.report = EpochReport(self.sampler.epoch, positions=len(indices))
         outcomes0, oversize0 = Counter(self.service.stats.outcomes), self.service.stats.oversize
         bar = None
         if self.progress:
@@ -429,7 +431,13 @@ class Loader:
                 images += len(batch[1])
                 if bar is not None:
                     bar.update(1)
+                with self._iterations:            # only the current iteration moves the sampler
+                    if self._end_iteration is cleanup:
+                        self.sampler.advance(len(chunks[number]))
                 yield batch
+            with self._iterations:                # a finished epoch is at its end, as a DataLoader's
+                if self._end_iteration is cleanup:
+                    self.sampler.advance(dropped)
         finally:
             wall = time.perf_counter() - start_wall
             cpu = time.process_time() - start_cpu

@@ -173,7 +173,9 @@ class ShardSampler:
     DataLoader has *taken*: exact with ``num_workers=0``; with worker processes the
     DataLoader takes up to ``prefetch_factor * num_workers`` batches ahead of the
     ones delivered, so a loop that needs an exact resume should store its own count
-    (``batches_done * batch_size``) as ``state["start"]`` instead.
+    (``batches_done * batch_size``) as ``state["start"]`` instead. A
+    :class:`dlbooster.Loader`'s sampler counts the samples of the batches the loader has
+    yielded (:meth:`take`, :meth:`advance`), not those it decoded ahead: exact.
 
     Args:
         length: number of samples in the dataset (>= 0).
@@ -260,6 +262,19 @@ class ShardSampler:
         start, self._start = self._start, 0
         self._position = start
         return self._iterate(self.indices()[start:])
+
+    def take(self) -> list[int]:
+        """Begin an iteration as :meth:`__iter__` does, for a consumer that reads ahead
+        of what it has used (:class:`dlbooster.Loader` decodes batches ahead): this
+        epoch's indices from ``start`` on, all at once; the position (:meth:`state_dict`)
+        stays at ``start`` until the consumer calls :meth:`advance`."""
+        start, self._start = self._start, 0
+        self._position = start
+        return self.indices()[start:]
+
+    def advance(self, n: int) -> None:
+        """Count ``n`` more of this epoch's indices as used (after :meth:`take`)."""
+        self._position += n
 
     def _iterate(self, todo: list[int]) -> Iterator[int]:
         for i in todo:

@@ -785,7 +785,7 @@ def _save(config, dist, model, optimizer, schedule, loader, step, epoch, batches
         return
     state = {"model": model.state_dict(), "optimizer": optimizer.state_dict(), "schedule": schedule.state_dict(),
              "step": step, "epoch": epoch, "batches_done": batches_done, "loss_first": first_loss,
-             "sampler": {**loader.sampler.state_dict(), "start": batches_done * loader.batch_size},
+             "sampler": loader.sampler.state_dict(),
              "rng": rng, "config": {k: os.fspath(v) if isinstance(v, os.PathLike) else v
                                     for k, v in asdict(config).items()}}
     tmp = f"{config.checkpoint}.tmp"

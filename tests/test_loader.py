@@ -825,6 +825,29 @@ def test_break_out_of_an_epoch_then_a_full_one(tiny_source):
         assert loader.pool.free == loader.pool.depth
 
 
+@pytest.mark.parametrize("drop_last", [False, True])
+def test_a_sampler_state_saved_mid_epoch_resumes_at_the_next_batch(tiny_source, drop_last):
+    """The sampler's state counts the samples of the batches yielded, not of those
+    decoded ahead (it was always at the epoch's end, and a resume from it read nothing
+    more); after a full epoch it is at the end, as a DataLoader's."""
+    kw = dict(backend="cpu", shuffle=True, seed=2, drop_last=drop_last, prefetch=2, slot_pixels=32 * 32)
+    with make_loader(tiny_source, 2, **kw) as loader:
+        loader.set_epoch(1)
+        epoch = [b.indices.tolist() for b in loader]
+        assert len(epoch) == (5 if drop_last else 6)
+        assert loader.sampler.state_dict()["start"] == N_SHARD
+        it = iter(loader)
+        assert [next(it).indices.tolist() for _ in range(2)] == epoch[:2]
+        state = loader.sampler.state_dict()
+        assert state["start"] == 4 and state["epoch"] == 1
+    with make_loader(tiny_source, 2, **kw) as resumed:
+        resumed.sampler.load_state_dict(state)
+        resumed.set_epoch(1)
+        batches = drain(resumed)
+        assert [b.indices.tolist() for b in batches] == epoch[2:]
+        assert sorted(check_batches(resumed, batches)) == sorted(i for b in epoch[2:] for i in b)
+
+
 def test_closing_twice_and_copying_folder_source(tmp_path, image_folder):
     """A folder given as a ``Path`` lists like ImageFolder; close is idempotent."""
     shutil.copytree(image_folder / "c_mixed", tmp_path / "only" / "c_mixed")
