@@ -112,6 +112,26 @@ class LoaderStats:
         return dict(self.__dict__)
 
 
+def _own_memory(images, data: np.ndarray):
+    """A transform's output (a tensor, or a list or tuple of them) with every tensor that
+    shares memory with the batch buffer ``data`` copied: the buffer is refilled by a
+    later batch, which would overwrite a batch the consumer still holds."""
+    import torch
+
+    lo, hi = data.ctypes.data, data.ctypes.data + data.nbytes
+
+    def own(t):
+        if isinstance(t, torch.Tensor):
+            storage = t.untyped_storage()
+            if storage.data_ptr() < hi and lo < storage.data_ptr() + storage.nbytes():
+                return t.clone()
+        return t
+
+    if type(images) in (list, tuple):
+        return type(images)(map(own, images))
+    return own(images)
+
+
 class _Pending:
     """A batch being filled: outcomes arrive from service threads."""
 
@@ -156,7 +176,9 @@ class Loader:
             partial batch. ``rank``/``world_size`` default to torchrun's environment.
         device: where batches go (``"cpu"``, ``"cuda"``, a ``torch.device``).
         transform: a callable on a list of (3, h, w) uint8 device tensors returning a
-            batch tensor (e.g. :func:`dlbooster.transforms.train_transform`); None yields
+            batch tensor (e.g. :func:`dlbooster.transforms.train_transform`; on the CPU
+            an output tensor that views its inputs, a list or tuple of them included, is
+            copied, since their memory is the pool's and a later batch reuses it); None yields
             uint8 padded batches (:func:`dlbooster.transforms.pad_batch`: a batch whose
             padding would not fit in the memory available raises MemoryError from the
             iteration, naming its tallest and widest inputs; images of very different
@@ -573,6 +595,8 @@ class Loader:
                                                                           device=device)
         elif self.transform is not None:
             images = self.transform(views)
+            if staged is None:
+                images = _own_memory(images, buf.data)
         else:
             from .transforms import pad_batch
 

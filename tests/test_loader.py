@@ -860,6 +860,31 @@ def test_closing_twice_and_copying_folder_source(tmp_path, image_folder):
         loader.close()
 
 
+def test_a_transform_returning_views_of_its_inputs_yields_batches_that_stay(tiny_source):
+    """On the CPU the inputs are views of a pool buffer that later batches refill: a
+    transform's output sharing that memory (a view, or the list itself) is copied, so
+    batches held past their step keep their pixels; other outputs are yielded as they
+    are, uncopied."""
+    refs = {path: pillow_file(path)[0] for path, _ in tiny_source}
+    for transform in (lambda views: views[0].unsqueeze(0), lambda views: views):
+        with make_loader(tiny_source, 1, backend="cpu", prefetch=1, slot_pixels=32 * 32,
+                         transform=transform) as loader:
+            held = [(b.images, int(b.indices[0])) for b in loader]
+            assert len(held) == N_SHARD
+            for images, index in held:
+                got = images[0].permute(1, 2, 0).numpy()
+                assert np.array_equal(got, refs[tiny_source[index][0]]), index
+    fresh = []
+
+    def new_memory(views):
+        fresh.append(torch.stack([v.float().mean() for v in views]))
+        return fresh[-1]
+
+    with make_loader(tiny_source, 2, backend="cpu", slot_pixels=32 * 32, transform=new_memory) as loader:
+        yielded = [b.images for b in loader]
+    assert len(yielded) == 6 and all(a is b for a, b in zip(yielded, fresh, strict=True))
+
+
 def test_a_failing_transform_gives_its_buffer_back(tiny_source):
     def broken(images):
         raise RuntimeError("transform failed")
