@@ -420,6 +420,7 @@ class Loader:
         chunks = [indices[i:i + self.batch_size] for i in range(0, len(indices), self.batch_size)]
         report = self.report = EpochReport(self.sampler.epoch, positions=len(indices))
         outcomes0, oversize0 = Counter(self.service.stats.outcomes), self.service.stats.oversize
+        clocks0 = self.service.clock_counts()
         bar = None
         if self.progress:
             from tqdm import tqdm
@@ -471,14 +472,15 @@ class Loader:
                 if current:
                     self._end_iteration = None
             if current:                           # else superseded: the newer one reports
-                self._record_stats(images, wall, cpu, queue_peak, outcomes0, oversize0)
+                self._record_stats(images, wall, cpu, queue_peak, outcomes0, oversize0, clocks0)
 
-    def _record_stats(self, images, wall, cpu, queue_peak, outcomes0, oversize0) -> None:
+    def _record_stats(self, images, wall, cpu, queue_peak, outcomes0, oversize0, clocks0) -> None:
         stats = self.service.stats
         counts = stats.outcomes - outcomes0
         self._stats = LoaderStats(
             images=images, seconds=wall, images_per_s=images / wall if wall else 0.0,
-            host_cores=cpu / wall if wall else 0.0, lane_busy={}, queue_peak=dict(queue_peak),
+            host_cores=cpu / wall if wall else 0.0, lane_busy=self.service.lane_busy(since=clocks0),
+            queue_peak=dict(queue_peak),
             outcomes={f"{s}:{r}" if r else s: n for (s, r), n in sorted(
                 counts.items(), key=lambda kv: (kv[0][0], kv[0][1] or ""))},
             oversize=stats.oversize - oversize0)
@@ -618,9 +620,8 @@ class Loader:
         devices), queue depth peaks, outcome counts by status and reason. The outcome
         counts are of the decodes the epoch ran: in an abandoned epoch (a ``break``, a
         raised error) they include the batches decoded ahead and never taken, which
-        :attr:`report` (what was delivered or reported) leaves out."""
-        if self._stats is not None:
-            self._stats.lane_busy = self.service.lane_busy()
+        :attr:`report` (what was delivered or reported) leaves out. The busy fractions
+        are the epoch's clocks: a lane's over its device's."""
         return self._stats
 
     def close(self) -> None:

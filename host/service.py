@@ -907,14 +907,25 @@ class DecodeService:
         if failure is not None:
             raise failure
 
-    def lane_busy(self) -> dict[str, float]:
-        """Fraction of device clocks each lane spent on jobs since the service started
-        (devices that count clocks: the simulated one)."""
+    def clock_counts(self) -> tuple[dict, dict]:
+        """A snapshot of the busy clocks, ``(lane_clocks, device_clocks)`` as in
+        :class:`ServiceStats`, for :meth:`lane_busy`'s ``since``."""
+        with self._lock:
+            return dict(self.stats.lane_clocks), dict(self.stats.device_clocks)
+
+    def lane_busy(self, since: tuple[dict, dict] | None = None) -> dict[str, float]:
+        """Fraction of device clocks each lane spent on jobs since the service started,
+        or since ``since`` (a :meth:`clock_counts` snapshot: the lane's clocks since
+        then over the device's), as ``{"device<d>.lane<l>": fraction}`` for the lanes
+        that have run a job (devices that count clocks: the simulated one; a device that
+        ran no clock since ``since`` has no figures)."""
+        lanes0, devices0 = since if since is not None else ({}, {})
+        lanes, devices = self.clock_counts()
         busy = {}
-        for (dev, lane), clocks in sorted(self.stats.lane_clocks.items()):
-            total = self.stats.device_clocks.get(dev)
-            if total:
-                busy[f"device{dev}.lane{lane}"] = clocks / total
+        for (dev, lane), clocks in sorted(lanes.items()):
+            total = devices.get(dev, 0) - devices0.get(dev, 0)
+            if total > 0:
+                busy[f"device{dev}.lane{lane}"] = (clocks - lanes0.get((dev, lane), 0)) / total
         return busy
 
     def close(self, backend: bool = True) -> None:

@@ -848,6 +848,24 @@ def test_a_sampler_state_saved_mid_epoch_resumes_at_the_next_batch(tiny_source, 
         assert sorted(check_batches(resumed, batches)) == sorted(i for b in epoch[2:] for i in b)
 
 
+def test_lane_busy_is_the_epochs(tiny_source):
+    """``stats().lane_busy`` is each lane's clocks over its device's, both counted over
+    the last epoch (it was the service's lifetime figure). The clock counters are set
+    by hand here, as a simulated device's dispatcher sets them."""
+    with make_loader(tiny_source, 4, backend="cpu", slot_pixels=32 * 32) as loader:
+        stats = loader.service.stats
+        stats.lane_clocks[0, 0], stats.device_clocks[0] = 400, 1000      # before the epoch
+        for number, _ in enumerate(loader):
+            if number == 0:
+                stats.lane_clocks[0, 0], stats.lane_clocks[0, 1], stats.device_clocks[0] = 700, 100, 3000
+        first = loader.stats()
+        assert first.lane_busy == {"device0.lane0": 300 / 2000, "device0.lane1": 100 / 2000}
+        assert loader.service.lane_busy() == {"device0.lane0": 700 / 3000, "device0.lane1": 100 / 3000}
+        drain(loader)
+        assert loader.stats().lane_busy == {}                            # the device ran no clock
+        assert first.lane_busy == {"device0.lane0": 300 / 2000, "device0.lane1": 100 / 2000}
+
+
 def test_closing_twice_and_copying_folder_source(tmp_path, image_folder):
     """A folder given as a ``Path`` lists like ImageFolder; close is idempotent."""
     shutil.copytree(image_folder / "c_mixed", tmp_path / "only" / "c_mixed")
