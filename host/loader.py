@@ -207,10 +207,15 @@ class Loader:
     the parent's: make the loader in the child). A loader cannot be pickled (TypeError).
 
     Raises:
-        ValueError: bad policy, sizes, fidelity or label, or a CUDA ``device`` where
-            PyTorch sees none; TypeError: a batch size, seed, rank or world size that
-            is not an integer, or a bad source; FileNotFoundError: a missing source;
-        dlbooster.records.RecordError: a corrupt record file.
+        ValueError: bad policy (or ``replace`` with another policy), sizes, prefetch,
+            seed, rank, world size, fidelity or label, or a CUDA ``device`` where
+            PyTorch sees none; TypeError: a batch size, prefetch, slot_pixels, seed,
+            rank or world size that is not an integer (bools included), a ``transform``
+            or ``replace`` that is not callable, or a bad source; FileNotFoundError: a
+            missing source; dlbooster.records.RecordError: a corrupt record file. Each
+            message names the argument (or the environment variable it came from).
+            These are found before the backend is made; a failure after that closes
+            it again.
     """
 
     def __init__(self, source, batch_size: int, *, backend: Any = "auto", shuffle: bool = True,
@@ -231,6 +236,17 @@ class Loader:
             raise ValueError(f"on_error must be one of {', '.join(POLICIES)}, not {on_error!r}")
         if on_error == "replace" and replace is None:
             raise ValueError("on_error='replace' needs a replace(index, outcome) function")
+        # The cheap checks come before the backend is made (a sim build takes minutes).
+        if replace is not None and on_error != "replace":
+            raise ValueError(f"replace= is used only with on_error='replace', not on_error={on_error!r}")
+        for name, value in (("replace", replace), ("transform", transform)):
+            if value is not None and not callable(value):
+                raise TypeError(f"{name} must be callable or None, not {value!r}")
+        for name, value, least in (("prefetch", prefetch, 0), ("slot_pixels", slot_pixels, 1)):
+            if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+                raise TypeError(f"{name} must be an integer, not {value!r}")
+            if value < least:
+                raise ValueError(f"{name} must be at least {least}, not {value}")
         self.records: RecordSet | None = None
         if isinstance(source, RecordSet) or (isinstance(source, (str, os.PathLike)) and is_record_dir(source)):
             self.records = source if isinstance(source, RecordSet) else RecordSet(source)
@@ -255,13 +271,17 @@ class Loader:
         self.transform, self.on_error, self.replace = transform, on_error, replace
         self.progress = progress and self.sampler.rank == 0
         self.service = DecodeService(backend, cpu_workers=cpu_workers, **(backend_options or {}))
-        self.trace = self.service.trace = trace
-        # No batch holds more than a rank's share of an epoch, so a larger batch size (which
-        # DataLoader accepts) reserves no slots that no batch can fill.
-        self.pool = BatchPool(max(1, min(batch_size, len(self.sampler))), 3 * slot_pixels, prefetch + 1,
-                              allocate=self.service.allocator(),
-                              pin=self.device.type == "cuda")
-        self._copy_stream = torch.cuda.Stream(self.device) if self.device.type == "cuda" else None
+        try:
+            self.trace = self.service.trace = trace
+            # No batch holds more than a rank's share of an epoch, so a larger batch size (which
+            # DataLoader accepts) reserves no slots that no batch can fill.
+            self.pool = BatchPool(max(1, min(batch_size, len(self.sampler))), 3 * slot_pixels, prefetch + 1,
+                                  allocate=self.service.allocator(),
+                                  pin=self.device.type == "cuda")
+            self._copy_stream = torch.cuda.Stream(self.device) if self.device.type == "cuda" else None
+        except BaseException:
+            self.service.close()              # its threads and a simulated device would outlive the failure
+            raise
         self.report = EpochReport(self.sampler.epoch)
         self._stats: LoaderStats | None = None
         self._end_iteration: Callable | None = None

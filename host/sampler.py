@@ -20,8 +20,21 @@ from collections.abc import Iterator
 __all__ = ["shard_indices", "num_samples", "dist_env", "local_rank_env", "ShardSampler"]
 
 
+def _integer(name: str, value) -> int:
+    """``value`` as an int; TypeError naming ``name`` for a non-integer or a bool (True
+    would pass as 1)."""
+    if isinstance(value, bool) or not hasattr(type(value), "__index__"):
+        raise TypeError(f"{name} must be an integer, not {value!r}")
+    return operator.index(value)
+
+
+# torch.Generator.manual_seed's range (a seed outside it failed at the first shuffle).
+_SEEDS = (-(1 << 63), 1 << 64)
+
+
 def _check_shard(length: int, rank: int, world_size: int) -> tuple[int, int, int]:
-    length, rank, world_size = (operator.index(v) for v in (length, rank, world_size))
+    length, rank, world_size = (_integer(n, v) for n, v in
+                                (("length", length), ("rank", rank), ("world_size", world_size)))
     if length < 0:
         raise ValueError(f"length must be >= 0, got {length}")
     if world_size < 1:
@@ -148,16 +161,18 @@ def _dist_known(name: str) -> bool:
     return bool(dist is not None and dist.is_available() and dist.is_initialized()) or name in os.environ
 
 
-def _dist_one(name: str) -> int:
+def _dist_one(name: str) -> tuple[int, str | None]:
     """``RANK`` or ``WORLD_SIZE`` alone, for a caller that gave the other: the process
-    group's, else the environment variable's, else the single process's (0 or 1).
-    Raises ValueError when the variable is not an integer."""
+    group's, else the environment variable's, else the single process's (0 or 1); with
+    where it came from, for messages (None: the default). Raises ValueError when the
+    variable is not an integer."""
     dist = sys.modules.get("torch.distributed")
     if dist is not None and dist.is_available() and dist.is_initialized():
-        return dist.get_rank() if name == "RANK" else dist.get_world_size()
+        value = dist.get_rank() if name == "RANK" else dist.get_world_size()
+        return value, "the process group"
     if name not in os.environ:
-        return 0 if name == "RANK" else 1
-    return _env_int(name)
+        return (0 if name == "RANK" else 1), None
+    return _env_int(name), f"environment variable {name}={os.environ[name]!r}"
 
 
 class ShardSampler:
@@ -194,13 +209,23 @@ class ShardSampler:
     Raises:
         ValueError: as :func:`shard_indices`, or from :func:`dist_env`; a
             ``world_size`` above 1 given without a rank where no process group or
-            ``RANK`` gives one.
-        TypeError: ``length``, ``seed``, ``rank`` or ``world_size`` is not an integer.
+            ``RANK`` gives one; a ``seed`` outside ``[-2**63, 2**64)`` (what
+            ``torch.Generator`` takes). A rank or world size read from the process
+            group or the environment (the other one given) is named as such.
+        TypeError: ``length``, ``seed``, ``rank`` or ``world_size`` is not an integer
+            (a bool included), naming it.
     """
 
     def __init__(self, length: int, *, seed: int = 0, shuffle: bool = True,
                  drop_last: bool = False, rank: int | None = None,
                  world_size: int | None = None) -> None:
+        # Checked here: a float seed, or one torch cannot take, failed at the first iteration.
+        self.seed = _integer("seed", seed)
+        if not _SEEDS[0] <= self.seed < _SEEDS[1]:
+            raise ValueError(f"seed must be in [-2**63, 2**64) (torch.Generator's range), not {seed}")
+        rank = None if rank is None else _integer("rank", rank)
+        world_size = None if world_size is None else _integer("world_size", world_size)
+        origin = None                         # where a value not given came from
         if rank is None and world_size is None:
             rank, world_size = dist_env()
         elif rank is None:
@@ -208,12 +233,17 @@ class ShardSampler:
                 # Every process would take shard 0 (DistributedSampler raises here too).
                 raise ValueError(f"world_size {world_size} without a rank: give rank, or run under torchrun "
                                  f"(RANK) or in an initialised process group")
-            rank = _dist_one("RANK")
+            rank, origin = _dist_one("RANK")
+            origin = origin and f"rank from {origin}"
         elif world_size is None:
-            world_size = _dist_one("WORLD_SIZE")
-        self.length, self.rank, self.world_size = _check_shard(length, rank, world_size)
-        # Checked here: a float seed would otherwise fail at the first iteration.
-        self.seed = operator.index(seed)
+            world_size, origin = _dist_one("WORLD_SIZE")
+            origin = origin and f"world_size from {origin}"
+        try:
+            self.length, self.rank, self.world_size = _check_shard(length, rank, world_size)
+        except ValueError as exc:
+            if origin is None:
+                raise
+            raise ValueError(f"{exc} ({origin})") from None
         self.shuffle = shuffle
         self.drop_last = drop_last
         self.epoch = 0

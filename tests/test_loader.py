@@ -469,6 +469,68 @@ def test_bad_policy_arguments():
             make_loader([("x.jpg", 0)], 1, cpu_workers=workers)
 
 
+@pytest.mark.parametrize("kw, error, match", [
+    (dict(prefetch=-1), ValueError, "prefetch must be at least 0, not -1"),
+    (dict(prefetch=1.0), TypeError, "prefetch must be an integer, not 1.0"),
+    (dict(slot_pixels=0), ValueError, "slot_pixels must be at least 1, not 0"),
+    (dict(slot_pixels=True), TypeError, "slot_pixels must be an integer, not True"),
+    (dict(seed=1.5), TypeError, "seed must be an integer, not 1.5"),
+    (dict(seed=2**64), ValueError, r"seed must be in \[-2\*\*63, 2\*\*64\) .*not 18446744073709551616"),
+    (dict(rank=1.0, world_size=2), TypeError, "rank must be an integer, not 1.0"),
+    (dict(rank=True, world_size=2), TypeError, "rank must be an integer, not True"),
+    (dict(world_size=2.0), TypeError, "world_size must be an integer, not 2.0"),
+    (dict(transform=42), TypeError, "transform must be callable or None, not 42"),
+    (dict(on_error="replace", replace="zeros"), TypeError, "replace must be callable or None, not 'zeros'"),
+    (dict(on_error="skip", replace=lambda index, outcome: None), ValueError,
+     "replace= is used only with on_error='replace', not on_error='skip'"),
+])
+def test_cheap_argument_errors_name_the_argument_before_the_backend_is_made(monkeypatch, kw, error, match):
+    """Each found before the backend is made (a sim build takes minutes), naming the
+    argument: ``seed=1.5`` said only "'float' object cannot be interpreted as an
+    integer", ``rank=True`` passed as 1, ``transform=42`` failed at the first batch and
+    ``replace`` with another policy was ignored."""
+    def no_backend(*args, **kwargs):
+        raise AssertionError("the backend was made before the arguments were checked")
+
+    monkeypatch.setattr("dlbooster.service.get_backend", no_backend)
+    with pytest.raises(error, match=match):
+        make_loader([("x.jpg", 0)], 1, backend="cpu", **kw)
+
+
+@pytest.mark.parametrize("env, kw, match", [
+    ({"WORLD_SIZE": "2"}, dict(rank=3), r"rank must be in \[0, 1\], got 3 \(world_size from environment "
+                                        r"variable WORLD_SIZE='2'\)"),
+    ({"WORLD_SIZE": "0"}, dict(rank=0), r"world_size must be >= 1, got 0 \(world_size from environment variable "
+                                        r"WORLD_SIZE='0'\)"),
+    ({"RANK": "4"}, dict(world_size=2), r"rank must be in \[0, 1\], got 4 \(rank from environment variable "
+                                        r"RANK='4'\)"),
+    ({"RANK": "5", "WORLD_SIZE": "2"}, {}, r"environment variable RANK=5 is outside \[0, WORLD_SIZE=2\)"),
+])
+def test_a_rank_or_world_size_out_of_range_from_the_environment_names_the_variable(monkeypatch, env, kw, match):
+    monkeypatch.delenv("RANK", raising=False)
+    monkeypatch.delenv("WORLD_SIZE", raising=False)
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    with pytest.raises(ValueError, match=match):
+        make_loader([("x.jpg", 0)], 1, backend="cpu", **{"rank": None, "world_size": None, **kw})
+
+
+def test_a_constructor_failing_after_the_backend_was_made_closes_the_service(tiny_source, monkeypatch):
+    """The service's dispatcher thread (and a simulated device) outlived the failure."""
+    import threading
+
+    from dlbooster.instant import InstantBackend, InstantTransport
+
+    def no_memory(*args, **kwargs):
+        raise MemoryError("no room for the pool")
+
+    monkeypatch.setattr("dlbooster.loader.BatchPool", no_memory)
+    before = set(threading.enumerate())
+    with pytest.raises(MemoryError, match="no room for the pool"):
+        make_loader(tiny_source, 2, backend=InstantBackend(InstantTransport(lanes=1, job_depth=2)))
+    assert [t.name for t in set(threading.enumerate()) - before] == []
+
+
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks a machine without CUDA")
 def test_a_cuda_device_without_cuda_is_named_at_construction():
     """Not a RuntimeError from deep inside torch's pinned allocation."""

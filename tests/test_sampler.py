@@ -135,9 +135,14 @@ def test_shard_indices_rejects_non_integers():
 
 
 def test_shard_sampler_checks_the_seed_when_made():
-    # A float seed used to pass the constructor and fail at the first iteration.
-    with pytest.raises(TypeError):
+    # A float seed, or one torch.Generator cannot take, passed the constructor and failed
+    # at the first iteration (the float's message did not say which argument).
+    with pytest.raises(TypeError, match="seed must be an integer, not 1.5"):
         ShardSampler(3, seed=1.5, rank=0, world_size=1)
+    with pytest.raises(ValueError, match="seed must be in"):
+        ShardSampler(3, seed=2**64, rank=0, world_size=1)
+    assert ShardSampler(3, seed=2**64 - 1, rank=0, world_size=1).indices() == \
+        shard_indices(3, seed=2**64 - 1)
     sampler = ShardSampler(3, seed=np.int64(4), rank=0, world_size=1)
     assert type(sampler.seed) is int and sampler.seed == 4
     with pytest.raises(TypeError):
