@@ -326,16 +326,20 @@ class ShardSampler:
 
         Raises:
             KeyError: a key is missing.
-            ValueError: ``length`` or ``world_size`` differs from this sampler's, or
-                ``start`` is outside ``[0, len(self)]``.
+            ValueError: ``length`` or ``world_size`` differs from this sampler's,
+                ``start`` is outside ``[0, len(self)]``, or ``seed`` outside what
+                ``torch.Generator`` takes (as when the sampler is made).
             TypeError: ``epoch``, ``start`` or ``seed`` is not an integer.
         """
         for key, mine in (("length", self.length), ("world_size", self.world_size)):
             if state[key] != mine:
                 raise ValueError(f"state was saved with {key}={state[key]}, this sampler has {mine}")
-        epoch, start = operator.index(state["epoch"]), operator.index(state["start"])
+        epoch, start = _integer("epoch", state["epoch"]), _integer("start", state["start"])
         if not 0 <= start <= self._num_samples:
             raise ValueError(f"state start={start} is outside [0, {self._num_samples}]")
-        self.seed = operator.index(state["seed"])
+        seed = _integer("seed", state["seed"])
+        if not _SEEDS[0] <= seed < _SEEDS[1]:
+            raise ValueError(f"state seed must be in [-2**63, 2**64) (torch.Generator's range), not {seed}")
+        self.seed = seed
         self.epoch = epoch
         self._start = self._position = start

@@ -30,6 +30,7 @@ from __future__ import annotations
 import collections
 import contextlib
 import logging
+import numbers
 import os
 import queue
 import threading
@@ -579,6 +580,15 @@ class _Dispatcher(threading.Thread):
         self.outputs.clear()
 
 
+def _check_count(name: str, value, note: str = "") -> None:
+    """A count argument: an int (a bool is not) of at least 1. A float of workers ran its
+    ceiling of threads, and a queue of 0 or fewer had no bound."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        raise TypeError(f"{name} must be an integer, not {value!r}")
+    if value < 1:
+        raise ValueError(f"{name} must be at least 1{note}, not {value}")
+
+
 class DecodeService:
     """Decode inputs into batch slots over a backend's devices and a CPU pool.
 
@@ -588,9 +598,10 @@ class DecodeService:
             its :class:`~dlbooster.device.DecoderDevice`; others decode on the CPU workers.
         cpu_workers: threads of the CPU pool (CPU decodes and fallbacks; with a CPU
             backend also reading and parsing);
-            default: the process's CPU count. Below 1: ``ValueError``.
+            default: the process's CPU count. Below 1: ``ValueError``; not an integer:
+            ``TypeError``.
         device_queue: batch shares (task lists) waiting per device before submitters
-            block (back-pressure).
+            block (back-pressure); at least 1.
         backend_options: passed to :func:`~dlbooster.backends.get_backend` with a name.
 
     The first ``sim`` use builds the simulated device (minutes; cached).
@@ -598,8 +609,9 @@ class DecodeService:
 
     def __init__(self, backend: Any = "auto", *, cpu_workers: int | None = None,
                  device_queue: int = 4, **backend_options: Any):
-        if cpu_workers is not None and cpu_workers < 1:      # 0 read as "all cores" before
-            raise ValueError(f"cpu_workers must be at least 1 (None: one per core), not {cpu_workers}")
+        if cpu_workers is not None:           # 0 was read as "all cores" before
+            _check_count("cpu_workers", cpu_workers, " (None: one per core)")
+        _check_count("device_queue", device_queue)
         self._owns_backend = isinstance(backend, str)
         self.backend = get_backend(backend, **backend_options) if self._owns_backend else backend
         self.backend_name = self.backend.name

@@ -467,6 +467,14 @@ def test_bad_policy_arguments():
     for workers in (0, -1):                     # 0 was read as "every core"
         with pytest.raises(ValueError, match=f"cpu_workers must be at least 1 .*not {workers}"):
             make_loader([("x.jpg", 0)], 1, cpu_workers=workers)
+    for workers in (1.5, True):                 # 1.5 ran two threads
+        with pytest.raises(TypeError, match=f"cpu_workers must be an integer, not {workers!r}"):
+            make_loader([("x.jpg", 0)], 1, cpu_workers=workers)
+    from dlbooster.service import DecodeService
+
+    for depth, error in ((0, ValueError), (-2, ValueError), (2.0, TypeError)):   # 0 or less: no bound
+        with pytest.raises(error, match="device_queue must be"):
+            DecodeService("cpu", device_queue=depth)
 
 
 @pytest.mark.parametrize("kw, error, match", [

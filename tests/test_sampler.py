@@ -281,6 +281,10 @@ def test_load_state_dict_rejects_mismatch():
     target = ShardSampler(20, seed=4, rank=0, world_size=2)
     with pytest.raises(ValueError, match="start"):
         target.load_state_dict({**state, "start": 11, "epoch": 9, "seed": 1})
+    with pytest.raises(ValueError, match=r"state seed must be in \[-2\*\*63, 2\*\*64\)"):
+        target.load_state_dict({**state, "start": 1, "epoch": 9, "seed": 2**64})
+    with pytest.raises(TypeError, match="epoch must be an integer, not True"):
+        target.load_state_dict({**state, "epoch": True})
     # A refused state changes nothing.
     assert target.state_dict() == {"epoch": 0, "seed": 4, "start": 0, "length": 20, "world_size": 2}
     with pytest.raises(KeyError):
