@@ -266,6 +266,17 @@ class JpegInfo:
             return "ycck" if self.adobe_transform == 2 else "cmyk"
         return "unknown"
 
+    def summary(self) -> str:
+        """The frame in a few words, for messages: ``SOF2 8-bit 80x60, 3 components
+        (1:2x2 2:1x1 3:1x1), ycbcr, 10 scans``; empty without a frame."""
+        frame = self.frame
+        if frame is None:
+            return ""
+        comps = " ".join(f"{c.id}:{c.h}x{c.v}" for c in frame.components)
+        scans = f", {len(self.scans)} scan{'s' if len(self.scans) != 1 else ''}" if not self.headers_only else ""
+        return (f"SOF{frame.sof} {frame.precision}-bit {frame.width}x{frame.height}, {len(frame.components)} "
+                f"component{'s' if len(frame.components) != 1 else ''} ({comps}), {self.color_space}{scans}")
+
     @property
     def subsampling(self) -> str:
         """``gray``, ``4:4:4``, ``4:2:2``, ``4:4:0``, ``4:2:0`` or ``other``."""

@@ -556,7 +556,7 @@ def decode(
         info = parse(data)
     reason = classify(info, max_width=max_width, max_pixels=max_pixels)
     if reason is not None:
-        raise Unsupported(reason, info.error or "")
+        raise Unsupported(reason, info.error or info.summary())
     frame = info.frame
     scan = info.scans[0]
     blocks, symbols = entropy_decode(data, info)

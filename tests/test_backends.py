@@ -83,11 +83,16 @@ def test_decode_generated(kind, backend, tmp_path):
         # fallback gives Pillow's pixels) must not pass as equal to Pillow.
         result = dlbooster.decode_result(data, backend)
         assert (result.status, result.reason, result.backend) == MODEL_OUTCOME.get(kind, ("ok", None, "model"))
+        detail = MODEL_DETAIL.get(kind)        # what put the frame outside the profile
+        assert result.detail.startswith(detail) if detail else not result.detail
 
 
 # Outside the hardware profile (SPEC.md section 2): the model hands them to the CPU path.
 MODEL_OUTCOME = {"411": ("fallback", "sampling", "cpu"), "progressive": ("fallback", "progressive", "cpu"),
                  "cmyk": ("fallback", "components", "cpu")}
+MODEL_DETAIL = {"411": "SOF0 8-bit 123x77, 3 components (1:4x1 2:1x1 3:1x1), ycbcr, 1 scan",
+                "progressive": "SOF2 8-bit 123x77, 3 components (1:2x2 2:1x1 3:1x1), ycbcr, ",
+                "cmyk": "SOF0 8-bit 123x77, 4 components ("}
 
 
 @pytest.mark.parametrize("backend", BACKEND_NAMES)
