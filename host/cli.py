@@ -30,6 +30,7 @@ import json
 import logging
 import os
 import re
+import shutil
 import signal
 import sys
 import tempfile
@@ -274,6 +275,10 @@ def _cmd_board_build(args: argparse.Namespace) -> int:
               file=sys.stderr)
         return 2
     board = BOARDS[args.board]
+    if args.check and shutil.which("tclsh") is None:
+        print("dlbooster build: --check runs the Tcl scripts under tclsh, which is not installed "
+              "(Debian: apt-get install tcl)", file=sys.stderr)
+        return 2
     problem = None
     if args.lint:
         problem = "--lint goes with --verilog; --check validates a board folder, lint included"

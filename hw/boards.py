@@ -119,14 +119,16 @@ close_project
 def _pynq_tcl(board: Board, lanes: int, max_width: int) -> str:
     zynq7 = board.part.startswith("xc7z")
     if zynq7:
-        ps_vlnv, ps_rule = "xilinx.com:ip:processing_system7:5.5", "xilinx.com:bd_rule:processing_system7"
+        # No version: the one the Vivado release ships (zynq_ultra_ps_e is 3.4 in 2022.x,
+        # 3.5 from 2023.1; a pinned one is "not found" in the other releases).
+        ps_vlnv, ps_rule = "xilinx.com:ip:processing_system7", "xilinx.com:bd_rule:processing_system7"
         ps_config = ("CONFIG.PCW_USE_S_AXI_HP0 {1} CONFIG.PCW_S_AXI_HP0_DATA_WIDTH {64} "
                      "CONFIG.PCW_USE_FABRIC_INTERRUPT {1} CONFIG.PCW_IRQ_F2P_INTR {1} "
                      f"CONFIG.PCW_FPGA0_PERIPHERAL_FREQMHZ {{{board.clock_mhz}}}")
         ps_rule_config = '{make_external "FIXED_IO, DDR" apply_board_preset "1"}'
         gp, hp, irq = "/ps/M_AXI_GP0", "/ps/S_AXI_HP0", "ps/IRQ_F2P"
     else:
-        ps_vlnv, ps_rule = "xilinx.com:ip:zynq_ultra_ps_e:3.4", "xilinx.com:bd_rule:zynq_ultra_ps_e"
+        ps_vlnv, ps_rule = "xilinx.com:ip:zynq_ultra_ps_e", "xilinx.com:bd_rule:zynq_ultra_ps_e"
         ps_config = ("CONFIG.PSU__USE__S_AXI_GP2 {1} CONFIG.PSU__SAXIGP2__DATA_WIDTH {128} "
                      "CONFIG.PSU__USE__M_AXI_GP0 {1} CONFIG.PSU__USE__M_AXI_GP1 {0} CONFIG.PSU__USE__IRQ0 {1} "
                      f"CONFIG.PSU__CRL_APB__PL0_REF_CTRL__FREQMHZ {{{board.clock_mhz}}}")
@@ -175,6 +177,8 @@ file copy -force [file join [get_property DIRECTORY [get_runs impl_1]] dlbooster
     [file join $here dlbooster.bit]
 file copy -force [lindex [get_files -all -of_objects [get_files dlbooster.bd] dlbooster.hwh] 0] \\
     [file join $here dlbooster.hwh]
+# The reports need the implemented design open (UG835: they act on the current design).
+open_run impl_1
 report_utilization -file [file join $here utilization.txt]
 report_timing_summary -file [file join $here timing.txt]
 puts "dlbooster: wrote [file join $here dlbooster.bit] and [file join $here dlbooster.hwh]"
@@ -336,7 +340,7 @@ VIVADO_COMMANDS = (
     "add_files", "apply_bd_automation", "assign_bd_address", "close_project", "connect_bd_net",
     "create_bd_cell", "create_bd_design", "create_project", "current_fileset", "current_project",
     "get_bd_cells", "get_bd_intf_pins", "get_bd_pins", "get_files", "get_property", "get_runs",
-    "launch_runs", "make_wrapper", "package_xo", "report_timing_summary", "report_utilization",
+    "launch_runs", "make_wrapper", "open_run", "package_xo", "report_timing_summary", "report_utilization",
     "save_bd_design", "set_property", "update_compile_order", "update_ip_catalog", "validate_bd_design",
     "wait_on_run", "ipx::associate_bus_interfaces", "ipx::check_integrity", "ipx::create_xgui_files",
     "ipx::current_core", "ipx::package_project", "ipx::save_core", "ipx::update_checksums",
@@ -347,6 +351,7 @@ VIVADO_COMMANDS = (
 _TCL_PRELUDE = """\
 namespace eval ipx {}
 set ::dlb_log [open [lindex $argv 0] w]
+set ::dlb_script [lindex $argv 2]
 foreach cmd [split [lindex $argv 1] ,] {
     proc $cmd args [format {
         puts $::dlb_log [list %s {*}$args]
@@ -430,8 +435,10 @@ def check_board_build(out: str | Path, board_name: str, *, lint: bool = True) ->
     for script in sorted(out.glob("*.tcl")):
         with tempfile.TemporaryDirectory() as tmp:
             log, prelude = Path(tmp) / "calls.log", Path(tmp) / "run.tcl"
-            prelude.write_text(_TCL_PRELUDE + f"source {{{script}}}\n")
-            run = subprocess.run([tclsh, str(prelude), str(log), ",".join(VIVADO_COMMANDS)],
+            # The script's path as an argument: braces or brackets in it would break a
+            # path written into the Tcl source.
+            prelude.write_text(_TCL_PRELUDE + "source $::dlb_script\n")
+            run = subprocess.run([tclsh, str(prelude), str(log), ",".join(VIVADO_COMMANDS), str(script)],
                                  capture_output=True, text=True, timeout=60)
             if run.returncode:
                 problems.append(f"{script.name}: {run.stderr.strip() or run.stdout.strip()}")
@@ -442,6 +449,10 @@ def check_board_build(out: str | Path, board_name: str, *, lint: bool = True) ->
                 problems.append(f"{script.name}: connects decoder/{pin}, which the top does not have")
         if "ipx::package_project" not in calls:
             problems.append(f"{script.name}: does not package the IP")
+        lines = calls.splitlines()
+        reports = [i for i, line in enumerate(lines) if line.startswith("report_")]
+        if reports and not any(line.startswith("open_run") for line in lines[:reports[0]]):
+            problems.append(f"{script.name}: reports with no design open (open_run before report_*)")
     if board.kind == "alveo":
         try:
             root = ET.parse(out / "kernel.xml").getroot()

@@ -54,6 +54,35 @@ def test_check_catches_broken_tcl(builds, tmp_path):
     assert any(p.startswith("build.tcl:") for p in check_board_build(out, "pynq-z2", lint=False))
     script.write_text(good.replace("ipx::package_project", "ipx::package_projekt"))
     assert check_board_build(out, "pynq-z2", lint=False)
+    # Vivado's reports act on the open design: without open_run they stop the batch run.
+    script.write_text(good.replace("open_run impl_1\n", ""))
+    assert check_board_build(out, "pynq-z2", lint=False) == [
+        "build.tcl: reports with no design open (open_run before report_*)"]
+
+
+@pytest.mark.parametrize("name", ["pynq-z2", "zcu104"])
+def test_processing_system_ip_is_the_releases_own(builds, name):
+    """No version on the PS IP: zynq_ultra_ps_e is 3.4 in Vivado 2022.x and 3.5 from
+    2023.1, and a pinned one is "not found" in the other releases."""
+    text = (builds[name][0] / "build.tcl").read_text()
+    ps = "processing_system7" if name == "pynq-z2" else "zynq_ultra_ps_e"
+    assert f"create_bd_cell -type ip -vlnv xilinx.com:ip:{ps} ps\n" in text
+
+
+def test_check_without_tclsh_is_a_usage_error_before_anything_is_written(tmp_path, monkeypatch, capsys):
+    from dlbooster.cli import main
+
+    real_which = shutil.which
+    monkeypatch.setattr(shutil, "which", lambda name: None if name == "tclsh" else real_which(name))
+    assert main(["build", "--board", "pynq-z2", "--out", str(tmp_path / "b"), "--check"]) == 2
+    assert "--check runs the Tcl scripts under tclsh, which is not installed" in capsys.readouterr().err
+    assert not (tmp_path / "b").exists()
+
+
+def test_check_runs_in_a_folder_whose_path_has_tcl_brackets(tmp_path):
+    out = tmp_path / "a {b} [c] $d"
+    write_board_build("pynq-z2", out, lanes=1, max_width=256)
+    assert check_board_build(out, "pynq-z2", lint=False) == []
 
 
 def test_check_catches_wrong_kernel_xml_and_ports(builds, tmp_path):
