@@ -224,7 +224,9 @@ class XrtTransport:
         clock_hz: the kernel clock (for ``wait``'s clock budget).
 
     Raises:
-        BoardError: pyxrt is missing, or the xclbin has no ``dlbooster_decoder`` kernel.
+        BoardError: pyxrt is missing, the xclbin has no ``dlbooster_decoder`` kernel, or
+            XRT fails (no card at ``index``, a file it cannot read or load), with XRT's
+            message.
     """
 
     name = "xrt"
@@ -232,14 +234,21 @@ class XrtTransport:
     def __init__(self, xclbin: str | Path, index: int = 0, clock_hz: float = 300e6):
         pyxrt = self._pyxrt = _pyxrt()
         self.clock_hz = clock_hz
-        self.device = pyxrt.device(index)
-        binary = pyxrt.xclbin(str(xclbin))
-        if TOP not in [k.get_name() for k in binary.get_kernels()]:
+        try:
+            self.device = pyxrt.device(index)
+            binary = pyxrt.xclbin(str(xclbin))
+            kernels = [k.get_name() for k in binary.get_kernels()]
+        except Exception as exc:              # pyxrt raises RuntimeError, with XRT's text
+            raise BoardError(f"XRT cannot open card {index} with {xclbin}: {type(exc).__name__}: {exc}") from exc
+        if TOP not in kernels:
             raise BoardError(f"{xclbin} has no {TOP} kernel")
-        uuid = self.device.load_xclbin(binary)
-        # Exclusive access: the only way XRT allows register reads and writes on a CU.
-        self.kernel = pyxrt.kernel(self.device, uuid, TOP, pyxrt.kernel.cu_access_mode.exclusive)
-        self.group = self.kernel.group_id(0)      # the bank of m_axi_gmem (argument in_addr)
+        try:
+            uuid = self.device.load_xclbin(binary)
+            # Exclusive access: the only way XRT allows register reads and writes on a CU.
+            self.kernel = pyxrt.kernel(self.device, uuid, TOP, pyxrt.kernel.cu_access_mode.exclusive)
+            self.group = self.kernel.group_id(0)      # the bank of m_axi_gmem (argument in_addr)
+        except Exception as exc:
+            raise BoardError(f"XRT cannot load {xclbin} on card {index}: {type(exc).__name__}: {exc}") from exc
 
     def read32(self, offset: int) -> int:
         return int(self.kernel.read_register(offset))
@@ -446,7 +455,10 @@ def _pynq_transport(binary: Path, spec) -> PynqTransport:
     decoder_ip_class()
     if not pynq.Device.devices:
         raise BoardError("PYNQ finds no board on this machine")
-    overlay = pynq.Overlay(str(binary))
+    try:
+        overlay = pynq.Overlay(str(binary))
+    except Exception as exc:                  # PYNQ raises what its parsers and drivers raise
+        raise BoardError(f"PYNQ cannot load {binary}: {type(exc).__name__}: {exc}") from exc
     for name, info in overlay.ip_dict.items():
         if info.get("type") == VLNV:
             return PynqTransport(getattr(overlay, name), overlay, clock_hz=spec.clock_mhz * 1e6)

@@ -116,6 +116,38 @@ def test_no_driver_library(tmp_path):
                         "/opt/xilinx/xrt/setup.sh)"]
 
 
+class _FailingDriver:
+    """A stand-in for a driver library whose calls fail as pyxrt's and PYNQ's do on a
+    machine without the card, or with a file they cannot load (RuntimeError,
+    ValueError): what the test checks is that dlbooster reports it in one line."""
+
+    class Device:
+        devices = [object()]                  # PYNQ sees a board
+
+    def device(self, index):
+        raise RuntimeError("No devices found")
+
+    def Overlay(self, path):
+        raise ValueError(f"{path}: not a bitstream PYNQ can parse")
+
+
+def test_a_driver_failure_is_one_line_not_a_traceback(monkeypatch, tmp_path, capsys):
+    import dlbooster.boards as boards
+
+    monkeypatch.setattr(boards, "_pyxrt", _FailingDriver)
+    monkeypatch.setattr(boards, "_pynq", _FailingDriver)
+    monkeypatch.setattr(boards, "decoder_ip_class", lambda: None)
+    (tmp_path / "x.xclbin").write_bytes(make_xclbin())
+    (tmp_path / "x.bit").write_bytes(make_bit())
+    (tmp_path / "x.hwh").write_text("<xml/>")
+    assert main(["flash", "--board", "alveo-u50", str(tmp_path / "x.xclbin")]) == 1
+    assert capsys.readouterr().err == (f"dlbooster flash: XRT cannot open card 0 with {tmp_path / 'x.xclbin'}: "
+                                       f"RuntimeError: No devices found\n")
+    assert main(["flash", "--board", "pynq-z2", str(tmp_path / "x.bit")]) == 1
+    assert capsys.readouterr().err == (f"dlbooster flash: PYNQ cannot load {tmp_path / 'x.bit'}: ValueError: "
+                                       f"{tmp_path / 'x.bit'}: not a bitstream PYNQ can parse\n")
+
+
 def test_board_backends_need_a_board_and_binary(monkeypatch, tmp_path, caplog):
     monkeypatch.delenv("DLBOOSTER_BOARD", raising=False)
     monkeypatch.delenv("DLBOOSTER_BINARY", raising=False)
