@@ -253,23 +253,32 @@ def _corpus(args: argparse.Namespace, what: str) -> Path:
     return corpus
 
 
-def _check_json(args: argparse.Namespace) -> None:
-    """Refuse a ``--json`` FILE that cannot be written, before minutes of measurement."""
-    if args.json in (None, "-"):
-        return
-    target = Path(args.json)
-    if not args.json or target.is_dir():
-        raise Refused(f"dlbooster bench {args.kind}: --json {args.json!r}: give a file name")
+def json_target_problem(value: str | None) -> str | None:
+    """Why a ``--json`` FILE cannot be written (``--json {value}: ...``), or None (also for
+    no file and ``-``, stdout): checked before minutes of measurement or synthesis."""
+    if value in (None, "-"):
+        return None
+    target = Path(value)
+    if not value or target.is_dir():
+        return f"--json {value!r}: give a file name"
     if not target.parent.is_dir():
-        raise Refused(f"dlbooster bench {args.kind}: --json {args.json}: no such folder {target.parent}")
+        return f"--json {value}: no such folder {target.parent}"
     existed = target.exists()
     try:
         with open(target, "a"):
             pass
     except OSError as exc:
-        raise Refused(f"dlbooster bench {args.kind}: --json {args.json}: {exc.strerror or exc}") from None
+        return f"--json {value}: {exc.strerror or exc}"
     if not existed:
         target.unlink()
+    return None
+
+
+def _check_json(args: argparse.Namespace) -> None:
+    """Refuse a ``--json`` FILE that cannot be written, before minutes of measurement."""
+    problem = json_target_problem(args.json)
+    if problem:
+        raise Refused(f"dlbooster bench {args.kind}: {problem}")
 
 
 _RECODE_SUBSAMPLING = {"4:4:4": 0, "4:2:2": 1, "4:2:0": 2, "gray": None}

@@ -429,14 +429,19 @@ def _self_test_jpeg(max_width: int) -> bytes:
 def _cmd_synth(args: argparse.Namespace) -> int:
     import datetime
 
-    from .bench import _machine, _table
+    from .bench import _machine, _table, json_target_problem
     from .hw.synth import CORES, DALI_A100, PARTS, SynthParams, project, run_synth
 
-    cores = args.cores.split(",") if args.cores else list(CORES)
+    cores = args.cores.split(",") if args.cores is not None else list(CORES)
     unknown = sorted(set(cores) - set(CORES))
     if unknown:
-        print(f"dlbooster synth: unknown core(s) {', '.join(unknown)}; choose from {', '.join(CORES)}",
-              file=sys.stderr)
+        # An empty --cores (or an empty name in the list) named nothing: not "all of them".
+        names = ", ".join(repr(c) if not c else c for c in unknown)
+        print(f"dlbooster synth: unknown core(s) {names}; choose from {', '.join(CORES)}", file=sys.stderr)
+        return 2
+    problem = json_target_problem(args.json)  # before the synthesis, not after it
+    if problem:
+        print(f"dlbooster synth: {problem}", file=sys.stderr)
         return 2
     params = SynthParams(max_width=args.max_width, idct_lanes=args.idct_lanes, data_width=args.data_width)
     families = ("xc7", "xcup") if "lane" in cores and not args.no_projection else ("xc7",)
@@ -480,7 +485,9 @@ def _cmd_synth(args: argparse.Namespace) -> int:
                   f"{args.lanes * x['bram36']:g} BRAM36, {args.lanes * x['dsp']} DSP (xc7)")
     fmax = report["lane_fmax_mhz"]
     if not fmax and not args.no_fmax:
-        print("Fmax of the lane: not known (not every core was placed and routed)")
+        lane_cores = [name for name in CORES if name != "lane"]
+        print(f"Fmax of the lane: not known (it is the slowest of {', '.join(lane_cores)}, "
+              f"which were not all given or not all placed and routed)")
     if fmax:
         goals["fmax_mhz"] = fmax
         goals["fmax_goal_met"] = fmax >= 125

@@ -162,6 +162,20 @@ def test_cli_synthesises_the_colour_converter(tmp_path, capsys):
 def test_cli_rejects_an_unknown_core(capsys):
     assert main(["synth", "--cores", "colour,dma"]) == 2
     assert "dma" in capsys.readouterr().err
+    # An empty list names no core (it ran every core, about 20 minutes).
+    for cores in ("", "colour,,"):
+        assert main(["synth", "--cores", cores]) == 2
+        assert "unknown core(s) ''; choose from" in capsys.readouterr().err
+
+
+def test_cli_refuses_an_unwritable_json_before_synthesising(tmp_path, monkeypatch, capsys):
+    import dlbooster.hw.synth as synth
+
+    monkeypatch.setattr(synth, "run_synth", lambda *a, **k: pytest.fail("synthesised before the refusal"))
+    for target, message in ((tmp_path / "nope" / "x.json", f"no such folder {tmp_path / 'nope'}"),
+                            (tmp_path, "give a file name")):
+        assert main(["synth", "--cores", "colour", "--json", str(target)]) == 2
+        assert message in capsys.readouterr().err
 
 
 def _lane(lut, ff, bram36, dsp, family="xc7"):
