@@ -298,7 +298,7 @@ def _cmd_board_build(args: argparse.Namespace) -> int:
     try:
         written = write_board_build(args.board, args.out, lanes=args.lanes, max_width=args.max_width)
     except OSError as exc:
-        print(f"dlbooster build: {exc}", file=sys.stderr)
+        print(f"dlbooster build: cannot write {exc.filename or args.out}: {exc.strerror or exc}", file=sys.stderr)
         return 1
     print(f"{args.out}: {board.name} ({board.part}), {args.lanes} lane(s), {args.max_width}-pixel line buffers, "
           f"{board.data_width}-bit AXI4 master; " + ", ".join(p.name for p in written))

@@ -318,15 +318,22 @@ def write_board_build(board_name: str, out: str | Path, *, lanes: int = 1,
 
     board = BOARDS[board_name]
     out = Path(out)
-    out.mkdir(parents=True, exist_ok=True)
-    files = {f"{TOP}.v": export_verilog(Device(lanes=lanes, max_width=max_width, data_width=board.data_width), TOP)}
-    if board.kind == "pynq":
-        files["build.tcl"] = _pynq_tcl(board, lanes, max_width)
-    else:
-        files["kernel.xml"] = kernel_xml(board)
-        files["package_xo.tcl"] = _package_xo_tcl(board, lanes, max_width)
-        files["link.cfg"] = _link_cfg(board)
-    files["README.md"] = _readme(board, lanes, max_width, list(files))
+    created = not out.exists()
+    out.mkdir(parents=True, exist_ok=True)    # first: a folder that cannot be made fails at once
+    try:
+        files = {f"{TOP}.v": export_verilog(Device(lanes=lanes, max_width=max_width, data_width=board.data_width),
+                                            TOP)}
+        if board.kind == "pynq":
+            files["build.tcl"] = _pynq_tcl(board, lanes, max_width)
+        else:
+            files["kernel.xml"] = kernel_xml(board)
+            files["package_xo.tcl"] = _package_xo_tcl(board, lanes, max_width)
+            files["link.cfg"] = _link_cfg(board)
+        files["README.md"] = _readme(board, lanes, max_width, list(files))
+    except BaseException:
+        if created:                           # interrupted or failed before any file: no empty folder left
+            out.rmdir()
+        raise
     written = []
     for name, text in files.items():
         path = out / name

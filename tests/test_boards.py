@@ -79,6 +79,29 @@ def test_check_without_tclsh_is_a_usage_error_before_anything_is_written(tmp_pat
     assert not (tmp_path / "b").exists()
 
 
+def test_an_interrupted_build_leaves_no_new_folder(tmp_path, monkeypatch, capsys):
+    import dlbooster.hw.device as device
+    import dlbooster.sim.flow as flow
+    from dlbooster.cli import main
+
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(device, "Device", lambda **kwargs: None)   # nothing to elaborate
+    monkeypatch.setattr(flow, "export_verilog", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        write_board_build("pynq-z2", tmp_path / "new", lanes=1, max_width=256)
+    assert not (tmp_path / "new").exists()
+    (tmp_path / "old").mkdir()                # a folder that was there stays
+    with pytest.raises(KeyboardInterrupt):
+        write_board_build("pynq-z2", tmp_path / "old", lanes=1, max_width=256)
+    assert (tmp_path / "old").is_dir()
+    # The command says which path it cannot write.
+    (tmp_path / "afile").write_text("")
+    assert main(["build", "--board", "pynq-z2", "--out", str(tmp_path / "afile" / "p")]) == 1
+    assert capsys.readouterr().err == f"dlbooster build: cannot write {tmp_path / 'afile' / 'p'}: Not a directory\n"
+
+
 def test_check_runs_in_a_folder_whose_path_has_tcl_brackets(tmp_path):
     out = tmp_path / "a {b} [c] $d"
     write_board_build("pynq-z2", out, lanes=1, max_width=256)
