@@ -30,7 +30,7 @@ import numpy as np
 from .errors import DecodeError
 from .pool import BatchPool
 from .sampler import ShardSampler
-from .service import DecodeService, Outcome, Task
+from .service import DecodeService, Outcome, Task, check_count
 from .sources import Sample, as_samples
 
 __all__ = ["Batch", "EpochReport", "Loader", "LoaderStats"]
@@ -242,11 +242,8 @@ class Loader:
         for name, value in (("replace", replace), ("transform", transform)):
             if value is not None and not callable(value):
                 raise TypeError(f"{name} must be callable or None, not {value!r}")
-        for name, value, least in (("prefetch", prefetch, 0), ("slot_pixels", slot_pixels, 1)):
-            if isinstance(value, bool) or not isinstance(value, numbers.Integral):
-                raise TypeError(f"{name} must be an integer, not {value!r}")
-            if value < least:
-                raise ValueError(f"{name} must be at least {least}, not {value}")
+        check_count("prefetch", prefetch, least=0)
+        check_count("slot_pixels", slot_pixels)
         self.records: RecordSet | None = None
         if isinstance(source, RecordSet) or (isinstance(source, (str, os.PathLike)) and is_record_dir(source)):
             self.records = source if isinstance(source, RecordSet) else RecordSet(source)

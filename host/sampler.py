@@ -28,8 +28,13 @@ def _integer(name: str, value) -> int:
     return operator.index(value)
 
 
-# torch.Generator.manual_seed's range (a seed outside it failed at the first shuffle).
-_SEEDS = (-(1 << 63), 1 << 64)
+def _seed(name: str, value) -> int:
+    """A seed as an int in ``torch.Generator.manual_seed``'s range ``[-2**63, 2**64)`` (one
+    outside it failed at the first shuffle); TypeError or ValueError naming ``name``."""
+    seed = _integer(name, value)
+    if not -(1 << 63) <= seed < 1 << 64:
+        raise ValueError(f"{name} must be in [-2**63, 2**64) (torch.Generator's range), not {seed}")
+    return seed
 
 
 def _check_shard(length: int, rank: int, world_size: int) -> tuple[int, int, int]:
@@ -220,9 +225,7 @@ class ShardSampler:
                  drop_last: bool = False, rank: int | None = None,
                  world_size: int | None = None) -> None:
         # Checked here: a float seed, or one torch cannot take, failed at the first iteration.
-        self.seed = _integer("seed", seed)
-        if not _SEEDS[0] <= self.seed < _SEEDS[1]:
-            raise ValueError(f"seed must be in [-2**63, 2**64) (torch.Generator's range), not {seed}")
+        self.seed = _seed("seed", seed)
         rank = None if rank is None else _integer("rank", rank)
         world_size = None if world_size is None else _integer("world_size", world_size)
         origin = None                         # where a value not given came from
@@ -337,9 +340,6 @@ class ShardSampler:
         epoch, start = _integer("epoch", state["epoch"]), _integer("start", state["start"])
         if not 0 <= start <= self._num_samples:
             raise ValueError(f"state start={start} is outside [0, {self._num_samples}]")
-        seed = _integer("seed", state["seed"])
-        if not _SEEDS[0] <= seed < _SEEDS[1]:
-            raise ValueError(f"state seed must be in [-2**63, 2**64) (torch.Generator's range), not {seed}")
-        self.seed = seed
+        self.seed = _seed("state seed", state["seed"])
         self.epoch = epoch
         self._start = self._position = start

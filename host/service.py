@@ -580,13 +580,14 @@ class _Dispatcher(threading.Thread):
         self.outputs.clear()
 
 
-def _check_count(name: str, value, note: str = "") -> None:
-    """A count argument: an int (a bool is not) of at least 1. A float of workers ran its
-    ceiling of threads, and a queue of 0 or fewer had no bound."""
+def check_count(name: str, value, least: int = 1, note: str = "") -> None:
+    """A count argument: an int (a bool is not) of at least ``least``; TypeError or
+    ValueError naming it. (A float of workers ran its ceiling of threads, and a queue of
+    0 or fewer had no bound.)"""
     if isinstance(value, bool) or not isinstance(value, numbers.Integral):
         raise TypeError(f"{name} must be an integer, not {value!r}")
-    if value < 1:
-        raise ValueError(f"{name} must be at least 1{note}, not {value}")
+    if value < least:
+        raise ValueError(f"{name} must be at least {least}{note}, not {value}")
 
 
 class DecodeService:
@@ -610,8 +611,8 @@ class DecodeService:
     def __init__(self, backend: Any = "auto", *, cpu_workers: int | None = None,
                  device_queue: int = 4, **backend_options: Any):
         if cpu_workers is not None:           # 0 was read as "all cores" before
-            _check_count("cpu_workers", cpu_workers, " (None: one per core)")
-        _check_count("device_queue", device_queue)
+            check_count("cpu_workers", cpu_workers, note=" (None: one per core)")
+        check_count("device_queue", device_queue)
         self._owns_backend = isinstance(backend, str)
         self.backend = get_backend(backend, **backend_options) if self._owns_backend else backend
         self.backend_name = self.backend.name
@@ -826,12 +827,11 @@ class DecodeService:
         try:
             try:
                 data, _ = self._read(task)
-            except LargeFile as large:
-                if self.backend is not self.cpu:
-                    self._fallback_here(task, None, None, large, {})
-                    return
+            except LargeFile as large:        # only Pillow takes it, from the file
                 self._place(task, decode_pillow(task.path))
-                self._finish(task, Outcome(task.index, task.path, "ok", self.cpu.name))
+                self._finish(task, Outcome(task.index, task.path, "ok", self.cpu.name) if self.backend is self.cpu
+                             else Outcome(task.index, task.path, "fallback", self.cpu.name, large.reason,
+                                          large.detail, {}))
                 return
             self._decode_here(task, data, jpeg.parse(data))
         except Exception as exc:  # never lose a task to a fault
