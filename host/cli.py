@@ -1028,9 +1028,14 @@ def _parser() -> argparse.ArgumentParser:
     p.set_defaults(func=_cmd_bench)
 
     p = sub.add_parser("debug-lane", help="files through the lane's cocotb testbench, stage by "
-                                          "stage against the model, waveforms of failures")
-    p.add_argument("paths", nargs="+", metavar="PATH")
-    p.add_argument("--simulator", choices=("verilator", "icarus"), default="verilator")
+                                          "stage against the model, waveforms of failures",
+                       description="Run each JPEG through the decoder lane's cocotb testbench on the "
+                                   "generated Verilog, judge it against Pillow and the reference model, and "
+                                   "compare each stage with the model's; failing files are run again alone "
+                                   "with a waveform dump, whose path is printed. Exit 1 when a file fails.")
+    p.add_argument("paths", nargs="+", metavar="PATH", help="JPEG files or folders")
+    p.add_argument("--simulator", choices=("verilator", "icarus"), default="verilator",
+                   help="the simulator cocotb runs (default verilator)")
     p.add_argument("--max-width", type=_max_width, default=DEFAULT_MAX_WIDTH, help="the lane's line-buffer width")
     p.add_argument("--valid", type=_percent, default=100, help="percent of clocks the input offers a beat (1-100)")
     p.add_argument("--ready", type=_percent, default=100, help="percent of clocks the output is ready (1-100)")
@@ -1103,7 +1108,10 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("binary", metavar="BITSTREAM_OR_XCLBIN")
     p.set_defaults(func=_cmd_flash)
 
-    p = sub.add_parser("devices", help="list the decoder boards PYNQ or XRT find")
+    p = sub.add_parser("devices", help="list the decoder boards PYNQ or XRT find",
+                       description="List the boards PYNQ (pynq.Device.devices) or XRT (pyxrt) find on this "
+                                   "machine, one line each: driver, index, name. Exit 1 when there are none, "
+                                   "with the reason each driver gives (not installed, or no card).")
     p.set_defaults(func=_cmd_devices)
 
     p = sub.add_parser("train", help="the main job: train a torchvision model fed by the decoder",
