@@ -355,20 +355,25 @@ VIVADO_COMMANDS = (
 
 # Stubs: each Vivado command logs its words and returns its own name (PROGRESS: 100%);
 # `file copy` logs instead of copying; anything else that Tcl does not know is an error.
+# A call is logged as one line, its words (after Tcl's substitution, newlines as spaces)
+# joined by the unit separator, which no word of these scripts holds.
 _TCL_PRELUDE = """\
 namespace eval ipx {}
 set ::dlb_log [open [lindex $argv 0] w]
 set ::dlb_script [lindex $argv 2]
+proc dlb_log words {
+    puts $::dlb_log [join [lmap word $words {string map {"\\n" " "} $word}] "\\x1f"]
+}
 foreach cmd [split [lindex $argv 1] ,] {
     proc $cmd args [format {
-        puts $::dlb_log [list %s {*}$args]
+        dlb_log [list %s {*}$args]
         if {"%s" eq "get_property" && [lindex $args 0] eq "PROGRESS"} { return "100%%" }
         return %s
     } $cmd $cmd $cmd]
 }
 rename file _dlb_file
 proc file {sub args} {
-    if {$sub eq "copy"} { puts $::dlb_log [list file copy {*}$args]; return }
+    if {$sub eq "copy"} { dlb_log [list file copy {*}$args]; return }
     return [_dlb_file $sub {*}$args]
 }
 proc unknown args { error "not a Tcl or Vivado command: [lindex $args 0]" }
@@ -404,26 +409,13 @@ def _dry_run(tclsh: str, script: Path) -> tuple[list[list[str]] | None, str]:
     with tempfile.TemporaryDirectory() as tmp:
         log, prelude = Path(tmp) / "calls.log", Path(tmp) / "run.tcl"
         # The script's path as an argument: braces or brackets in it would break a path
-        # written into the Tcl source. Each call is logged as a Tcl list, one per line.
+        # written into the Tcl source.
         prelude.write_text(_TCL_PRELUDE + "source $::dlb_script\n")
         run = subprocess.run([tclsh, str(prelude), str(log), ",".join(VIVADO_COMMANDS), str(script)],
                              capture_output=True, text=True, timeout=60)
         if run.returncode:
             return None, run.stderr.strip() or run.stdout.strip() or f"tclsh exit {run.returncode}"
-        # The list form back to words: a second tclsh reads the log (Tcl's quoting rules).
-        words = subprocess.run([tclsh], input=_TCL_SPLIT, capture_output=True, text=True, timeout=60,
-                               env={"DLB_LOG": str(log)})
-        if words.returncode:
-            return None, words.stderr.strip()
-        return [line.split("\x1f") for line in words.stdout.splitlines()], ""
-
-
-# Reads the dry run's log (one Tcl list per line) and prints each call's words joined by
-# the unit separator, which no word of these scripts holds.
-_TCL_SPLIT = """\
-set f [open $env(DLB_LOG)]
-while {[gets $f line] >= 0} { puts [join $line \\x1f] }
-"""
+        return [line.split("\x1f") for line in log.read_text().splitlines()], ""
 
 
 def _called(calls: list[list[str]], *words: str) -> bool:
