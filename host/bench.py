@@ -35,6 +35,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import os
 import platform
 import statistics
 import sys
@@ -254,25 +255,34 @@ def _corpus(args: argparse.Namespace, what: str) -> Path:
     return corpus
 
 
-def json_target_problem(value: str | None) -> str | None:
-    """Why a ``--json`` FILE cannot be written (``--json {value}: ...``), or None (also for
-    no file and ``-``, stdout): checked before minutes of measurement or synthesis."""
-    if value in (None, "-"):
-        return None
+def output_problem(value, option: str) -> str | None:
+    """Why the output file ``value`` of ``option`` cannot be written (``{option} {value}:
+    ...``), or None: checked before minutes of measurement, synthesis or training. The
+    file is opened for appending (made, then removed, when it did not exist), so a
+    folder without write permission or a read-only file system is found too.
+    """
+    value = os.fspath(value)
     target = Path(value)
-    if not value or target.is_dir():
-        return f"--json {value!r}: give a file name"
+    if not value:
+        return f"{option}: an empty path; give a file name"
+    if target.is_dir():
+        return f"{option} {value}: a folder; give a file name"
     if not target.parent.is_dir():
-        return f"--json {value}: no such folder {target.parent}"
+        return f"{option} {value}: no such folder {target.parent}"
     existed = target.exists()
     try:
         with open(target, "a"):
             pass
     except OSError as exc:
-        return f"--json {value}: {exc.strerror or exc}"
+        return f"{option} {value}: {exc.strerror or exc}"
     if not existed:
         target.unlink()
     return None
+
+
+def json_target_problem(value: str | None) -> str | None:
+    """:func:`output_problem` of a ``--json`` FILE; None also for no file and ``-`` (stdout)."""
+    return None if value in (None, "-") else output_problem(value, "--json")
 
 
 def _check_json(args: argparse.Namespace) -> None:

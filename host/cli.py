@@ -762,9 +762,10 @@ def _cmd_records(args: argparse.Namespace) -> int:
             print(f"dlbooster records write: {src}: {'not a folder' if src.exists() else 'no such folder'}",
                   file=sys.stderr)
             return 2
-        # The hymenoptera layout (train/ and val/) becomes two record sets, as `train` reads it.
-        pairs = ([(src / "train", Path(args.out) / "train"), (src / "val", Path(args.out) / "val")]
-                 if (src / "train").is_dir() and (src / "val").is_dir() else [(src, Path(args.out))])
+        # The hymenoptera layout (train/ and val/) becomes two record sets, as `train` reads it;
+        # train/ alone one set of its classes (`train` takes its classes from it, not "train").
+        pairs = [(src / split, Path(args.out) / split) for split in ("train", "val") if (src / split).is_dir()] \
+            if (src / "train").is_dir() else [(src, Path(args.out))]
         # Every pair is checked before the first is written: a refusal after the train
         # set would leave it behind (inside SRC's val/, a new class of its ImageFolder).
         problem, listings = None, []
@@ -813,8 +814,8 @@ def _cmd_records(args: argparse.Namespace) -> int:
                              f"({report.record_bytes / max(report.source_bytes, 1):.3f} of the sources' "
                              f"{report.source_bytes:,}); {len(report.skipped)} skipped")
                 # A reason names its input already ("PATH: jpegtran failed: ...").
-                lines += [f"  skipped {reason}" if reason.startswith(f"{path}: ")
-                          else f"  skipped {path}: {reason}" for path, reason in report.skipped]
+                lines += [(f"  skipped {reason}" if reason.startswith(f"{path}: ")
+                           else f"  skipped {path}: {reason}").translate(_CONTROL) for path, reason in report.skipped]
         except BaseException as exc:
             with signals_held():
                 for path in written:          # train/ without val/ is no data set
@@ -859,9 +860,10 @@ def _cmd_records(args: argparse.Namespace) -> int:
     # None: every measured image equal to full fidelity's, or none measured.
     db = lambda v: "-" if not result["sample"] else "inf" if v is None else f"{v:.2f}"  # noqa: E731
     share = lambda v: "-" if v is None else f"{v:.3f}"  # noqa: E731
-    rows = [[r["fidelity"], f"{r['bytes']:,}", share(r["of_source"]), share(r["of_full"]),
+    rows = [[r["fidelity"], f"{r['bytes']:,}", share(r["of_source"]), share(r["of_full"]), r["identical"],
              db(r["psnr_mean_db"]), db(r["psnr_min_db"])] for r in result["fidelities"]]
-    print(_table(["fidelity", "bytes", "of sources", "of full", "PSNR mean dB", "PSNR min dB"], rows))
+    print(_table(["fidelity", "bytes", "of sources", "of full", "identical", "PSNR mean dB", "PSNR min dB"], rows))
+    print("PSNR over the images not yet identical to full fidelity's (identical: how many are)")
     return 0
 
 
@@ -930,8 +932,13 @@ def _cmd_train(args: argparse.Namespace) -> int:
     except BoardError as exc:            # named, but not there or not loadable
         print(f"dlbooster train: backend {backend}: {exc}", file=sys.stderr)
         return 1
+    except OSError as exc:               # a checkpoint that cannot be written (a full disk...)
+        print(f"dlbooster train: {exc}", file=sys.stderr)
+        return 1
+    if summary.get("trace_error"):
+        print(f"dlbooster train: {summary['trace_error']}", file=sys.stderr)
     if int(os.environ.get("RANK", "0")) != 0:
-        return 0
+        return 1 if summary.get("trace_error") else 0
     if args.json:
         print(summary_json(summary))
     else:
@@ -963,9 +970,9 @@ def _cmd_train(args: argparse.Namespace) -> int:
         if wide:
             print(f"{wide} images were wider than the device's {args.max_width}-pixel line buffers and "
                   f"were decoded on the CPU; --max-width sets the simulated device's width", file=sys.stderr)
-        if summary["trace"]:
+        if summary["trace"] and not summary.get("trace_error"):
             print(f"trace: {summary['trace']} (open in https://ui.perfetto.dev)")
-    return 0
+    return 1 if summary.get("trace_error") else 0
 
 
 def _parser() -> argparse.ArgumentParser:

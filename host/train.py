@@ -134,7 +134,8 @@ class TrainConfig:
                 ``weight_decay`` or ``warmup_epochs`` negative or not finite; ``seed``
                 outside [-2**63, 2**63); more than :data:`MAX_DEVICES` devices;
                 ``resume`` or ``checkpoint_every`` without ``checkpoint``; a
-                ``checkpoint`` or ``trace`` that is empty, a folder or in a missing folder;
+                ``checkpoint`` or ``trace`` that cannot be written (empty, a folder, in
+                a missing folder, or refused by the file system);
                 ``label_smoothing`` outside [0, 1], ``fidelity`` without records, below
                 1 or not an integer or ``"auto"``, ``fidelity_threshold`` outside (-1, 1]
                 with ``"auto"``, a
@@ -147,6 +148,8 @@ class TrainConfig:
         """
         import torch
         import torchvision
+
+        from .bench import output_problem
 
         if self.backward not in ("autograd", "split"):
             raise ValueError(f"backward must be 'autograd' or 'split', not {self.backward!r}")
@@ -161,6 +164,9 @@ class TrainConfig:
             # nan and inf trained to a loss of nan, or failed deep inside PyTorch.
             if value is not None and not (math.isfinite(value) and value >= 0):
                 raise ValueError(f"{name} must be a finite number of at least 0, not {value}")
+            # The optimiser holds them as float32: a larger value overflowed in its first step.
+            if value is not None and name != "warmup_epochs" and value > _FLOAT32_MAX:
+                raise ValueError(f"{name} must be at most {_FLOAT32_MAX:.6g} (float32), not {value}")
         # torch.manual_seed takes [-2**63, 2**64); the run adds the epoch and a rank offset.
         if not -2**63 <= self.seed < 2**63:
             raise ValueError(f"seed must be in [-2**63, 2**63), not {self.seed}")
@@ -172,15 +178,9 @@ class TrainConfig:
         for name in ("checkpoint", "trace"):
             # Found now, not when the first save comes after an epoch of training.
             path = getattr(self, name)
-            if path is None:
-                continue
-            if not os.fspath(path):
-                raise ValueError(f"{name}: an empty path; give a file name")
-            if os.path.isdir(path):
-                raise ValueError(f"{name} {path}: a folder; give a file name")
-            parent = os.path.dirname(os.path.abspath(path))
-            if not os.path.isdir(parent):
-                raise ValueError(f"{name} {path}: no such folder {parent}")
+            problem = None if path is None else output_problem(path, name)
+            if problem:
+                raise ValueError(problem)
         if not 0.0 <= self.label_smoothing <= 1.0:
             raise ValueError(f"label_smoothing must be between 0 and 1, not {self.label_smoothing}")
         if self.fidelity is not None and self.records is None:
@@ -419,15 +419,18 @@ def train(config: TrainConfig, *, on_epoch=None, on_step=None, sets=None) -> dic
         ``untrained`` (decoded training samples of batches no rank stepped on, all
         ranks: a rank had none, or one where batch norm would see a 1x1 map),
         ``world_size``,
-        ``model``, ``classes``, ``resumed_from`` (step), ``trace``, and with records
+        ``model``, ``classes``, ``resumed_from`` (step), ``trace`` (and
+        ``trace_error`` when the trace file could not be written), and with records
         ``fidelity`` (the scans per training image, None: all) and ``fidelity_choice``
         (the ``"auto"`` search: scores per fidelity).
 
     Raises:
         ValueError: a bad setting (:meth:`TrainConfig.check`; ``fidelity`` out of the
             records' range, a batch size of 1 where one sample leaves a batch-norm layer
-            a 1x1 map, a model that does not run at ``image_size``: one probe forward).
+            a 1x1 map, a model that does not run at ``image_size``: one probe forward),
+            or a ``resume`` from a checkpoint of other options or classes.
         FileNotFoundError: the data folder is missing or has no classes.
+        OSError: a checkpoint cannot be written (the message names it).
         dlbooster.records.RecordError: a corrupt record file.
     """
     import tempfile
@@ -451,6 +454,11 @@ def train(config: TrainConfig, *, on_epoch=None, on_step=None, sets=None) -> dic
             root = Path(config.data)
             if not root.is_dir():
                 raise FileNotFoundError(f"{root}: {'not a folder' if root.exists() else 'no such folder'}")
+            from .records import is_record_dir
+
+            if is_record_dir(root) or is_record_dir(root / "train"):
+                raise FileNotFoundError(f"{root}: holds record files, not class folders; give it as "
+                                        f"--records {root} (records=)")
         train_samples, val_samples, classes = _split(root)
         return _run(config, device, dist, [(s.path, s.label) for s in train_samples],
                     [(s.path, s.label) for s in val_samples] or None, classes, on_epoch, on_step)
@@ -474,6 +482,9 @@ def _run(config, device, dist, train_source, val_source, classes, on_epoch, on_s
     torch.manual_seed(config.seed)
     # Inception-style models return auxiliary outputs in training mode unless told not to.
     extra = {"aux_logits": False} if config.model in ("googlenet", "inception_v3") else {}
+    if len(classes) == 1 and dist.rank == 0:
+        log.warning("one class (%s): every label is the same, the loss is 0 from the first step and "
+                    "training learns nothing; a data set needs two or more class folders", classes[0])
     model = torchvision.models.get_model(config.model, num_classes=len(classes), **extra)
     model = model.to(device, memory_format=torch.channels_last)
     # Batch norm cannot normalise one value per channel in training mode (one sample with
@@ -543,8 +554,14 @@ def _run(config, device, dist, train_source, val_source, classes, on_epoch, on_s
     step, epoch, skip, resumed, state = 0, 0, 0, None, None
     first_loss = None
     if config.checkpoint and config.resume and os.path.exists(config.checkpoint):
-        state = _load_checkpoint(config)
-        model.load_state_dict(state["model"])
+        state = _load_checkpoint(config, classes, lr, dist.world)
+        try:
+            model.load_state_dict(state["model"])
+        except RuntimeError as exc:           # a checkpoint of before the class check, or edited
+            why = _first_line(str(exc).splitlines()[-1].rstrip("."))
+            raise ValueError(f"{config.checkpoint}: its weights do not fit this {config.model} with "
+                             f"{len(classes)} classes ({why}); resume on the checkpoint's data, or start "
+                             f"without --resume") from None
         optimizer.load_state_dict(state["optimizer"])
         schedule.load_state_dict(state["schedule"])
         step, epoch, skip = state["step"], state["epoch"], state["batches_done"]
@@ -612,7 +629,8 @@ def _run(config, device, dist, train_source, val_source, classes, on_epoch, on_s
                 step += 1
                 batch_no += 1
                 if config.checkpoint and config.checkpoint_every and step % config.checkpoint_every == 0:
-                    _save(config, dist, model, optimizer, schedule, loader, step, epoch, batch_no, first_loss)
+                    _save(config, dist, model, optimizer, schedule, loader, step, epoch, batch_no, first_loss,
+                          {"classes": list(classes), "lr": lr})
                 if on_step is not None:
                     on_step(step, value)
                 if step >= total:
@@ -643,7 +661,8 @@ def _run(config, device, dist, train_source, val_source, classes, on_epoch, on_s
                     f"{min_batch} decoded sample(s) ({int(untrained_sum)} decoded but untrained, all ranks; "
                     f"this rank's decode outcomes: {outcomes})")
             if config.checkpoint:
-                _save(config, dist, model, optimizer, schedule, loader, step, epoch, batch_no, first_loss)
+                _save(config, dist, model, optimizer, schedule, loader, step, epoch, batch_no, first_loss,
+                          {"classes": list(classes), "lr": lr})
             epoch, skip = (epoch + 1, 0) if batch_no >= per_epoch else (epoch, batch_no)
     finally:
         if scheduler_split is not None:
@@ -659,7 +678,10 @@ def _run(config, device, dist, train_source, val_source, classes, on_epoch, on_s
         path = Path(config.trace)
         if dist.rank:
             path = path.with_name(f"{path.stem}.rank{dist.rank}{path.suffix or '.json'}")
-        trace.write(path)
+        try:
+            trace.write(path)
+        except OSError as exc:            # the run's results stand; the caller reports the trace
+            summary["trace_error"] = f"{path}: the trace cannot be written ({exc.strerror or exc})"
     return summary
 
 
@@ -724,6 +746,8 @@ def _set_rng_state(loader, state: dict, *, transform: bool = True) -> None:
         torch.cuda.set_rng_state_all(state["cuda"])
 
 
+_FLOAT32_MAX = 3.4028234663852886e38
+
 #: Options a resumed run must share with its checkpoint's: each changes what is trained
 #: (the model, its batches, their augmentation, the optimiser's recipe). The totals
 #: (epochs, steps) may grow; how the data is decoded does not change the data.
@@ -731,8 +755,10 @@ RESUME_OPTIONS = ("model", "batch_size", "image_size", "seed", "lr", "momentum",
                   "label_smoothing", "warmup_epochs", "fidelity", "fidelity_threshold")
 
 
-def _load_checkpoint(config) -> dict:
-    """The checkpoint ``--resume`` continues from.
+def _load_checkpoint(config, classes: list[str], lr: float, world: int) -> dict:
+    """The checkpoint ``--resume`` continues from, for a run on ``classes`` (the data's
+    class names) at peak learning rate ``lr`` (resolved: ``--lr``, or its default for the
+    batch size and ``world`` processes).
 
     The file is read with ``torch.load(weights_only=True)``: tensors and plain values
     only (:func:`_save` writes nothing else), so loading one cannot run code.
@@ -740,7 +766,8 @@ def _load_checkpoint(config) -> dict:
     Raises:
         ValueError: the file is not a checkpoint of :func:`train` (unreadable, truncated,
             another format, or a pickle naming other objects), or it was written with
-            other :data:`RESUME_OPTIONS`.
+            other :data:`RESUME_OPTIONS` (the learning rate compared as resolved, so an
+            explicit ``--lr`` equal to the default is the same) or for other classes.
     """
     import torch
 
@@ -756,7 +783,7 @@ def _load_checkpoint(config) -> dict:
         # torch's own message for these runs to many lines and suggests weights_only=False.
         why = ("not tensors and plain values that torch.load(weights_only=True) reads"
                if isinstance(exc, pickle.UnpicklingError)
-               else f"{type(exc).__name__}: {(str(exc).splitlines() or [''])[0][:200]}")
+               else f"{type(exc).__name__}: {_first_line(exc)}")
         raise ValueError(f"{config.checkpoint}: not a readable checkpoint ({why}); "
                          f"remove it or start without --resume") from exc
     keys = {"model", "optimizer", "schedule", "step", "epoch", "batches_done", "rng", "config"}
@@ -765,11 +792,35 @@ def _load_checkpoint(config) -> dict:
                          f"without --resume")
     saved = state["config"]
     changed = [f"{k} {saved.get(k)!r} -> {getattr(config, k)!r}" for k in RESUME_OPTIONS
-               if saved.get(k) != getattr(config, k)]
+               if k != "lr" and saved.get(k) != getattr(config, k)]
+    # Checkpoints of earlier versions hold only the option: its default resolved as _run does.
+    saved_lr = state.get("lr")
+    if saved_lr is None:
+        saved_lr = saved.get("lr")
+    if saved_lr is None and isinstance(saved.get("batch_size"), int):
+        saved_lr = 0.1 * saved["batch_size"] * world / 256
+    if not (isinstance(saved_lr, (int, float)) and math.isclose(saved_lr, lr, rel_tol=1e-9)):
+        changed.append(f"lr {saved_lr!r} -> {lr!r}")
+    saved_classes = state.get("classes")
+    if saved_classes is not None and list(saved_classes) != list(classes):
+        changed.append(f"classes {_names(saved_classes)} -> {_names(classes)}")
     if changed:
         raise ValueError(f"{config.checkpoint} was written with other options ({', '.join(changed)}): resume "
                          f"with the checkpoint's, or start without --resume")
     return state
+
+
+def _first_line(exc: BaseException | str, limit: int = 200) -> str:
+    """An error's first line for a one-line message, cut at ``limit`` characters with an
+    ellipsis (torch's run to many lines)."""
+    line = (str(exc).splitlines() or [""])[0].strip()
+    return line if len(line) <= limit else line[:limit - 3].rstrip() + "..."
+
+
+def _names(classes) -> str:
+    """A class list for a message: its count and its first names."""
+    shown = ", ".join(map(str, list(classes)[:4])) + (", ..." if len(classes) > 4 else "")
+    return f"{len(classes)} ({shown})"
 
 
 def _skip_to(loader, batches: int) -> None:
@@ -777,14 +828,17 @@ def _skip_to(loader, batches: int) -> None:
     loader.sampler.skip(min(batches * loader.batch_size, len(loader.sampler)))
 
 
-def _save(config, dist, model, optimizer, schedule, loader, step, epoch, batches_done, first_loss) -> None:
+def _save(config, dist, model, optimizer, schedule, loader, step, epoch, batches_done, first_loss,
+          run: dict) -> None:
+    """Write the checkpoint (rank 0); ``run``: the run's ``classes`` and resolved ``lr``,
+    which a resume checks."""
     import torch
 
     rng = dist.gather(_rng_state(loader))       # every rank's random state
     if dist.rank != 0:
         return
     state = {"model": model.state_dict(), "optimizer": optimizer.state_dict(), "schedule": schedule.state_dict(),
-             "step": step, "epoch": epoch, "batches_done": batches_done, "loss_first": first_loss,
+             "step": step, "epoch": epoch, "batches_done": batches_done, "loss_first": first_loss, **run,
              "sampler": loader.sampler.state_dict(),
              "rng": rng, "config": {k: os.fspath(v) if isinstance(v, os.PathLike) else v
                                     for k, v in asdict(config).items()}}
@@ -792,9 +846,12 @@ def _save(config, dist, model, optimizer, schedule, loader, step, epoch, batches
     try:
         torch.save(state, tmp)
         os.replace(tmp, config.checkpoint)        # a crash mid-save leaves the old checkpoint
-    except BaseException:                         # Ctrl-C, SIGTERM, a full disk: no partial file left
+    except BaseException as exc:                  # Ctrl-C, SIGTERM, a full disk: no partial file left
         with contextlib.suppress(OSError):
             os.unlink(tmp)
+        if isinstance(exc, Exception):            # torch's writer raises RuntimeError for the OS's errors
+            why = exc.strerror if isinstance(exc, OSError) and exc.strerror else _first_line(exc)
+            raise OSError(f"{config.checkpoint}: the checkpoint cannot be written ({why})") from exc
         raise
 
 

@@ -543,7 +543,8 @@ def _check_link_cfg(path: Path, board: Board) -> list[str]:
             key, value = (part.strip() for part in line.split("=", 1))
             settings.add((section, key, value))
     problems = []
-    for need in (("connectivity", "nk", f"{TOP}:1:{TOP}_1"), ("connectivity", "sp", f"{TOP}_1.m_axi_gmem:{board.memory}"),
+    for need in (("connectivity", "nk", f"{TOP}:1:{TOP}_1"),
+                 ("connectivity", "sp", f"{TOP}_1.m_axi_gmem:{board.memory}"),
                  ("clock", "freqHz", f"{board.clock_mhz * 1_000_000}:{TOP}_1")):
         if need not in settings:
             problems.append(f"link.cfg: no {need[1]}={need[2]} in [{need[0]}]")

@@ -134,8 +134,9 @@ def test_binaries_are_checked_before_a_driver_loads_them(tmp_path):
         xclbin.write_bytes(make_xclbin(platform=platform))
         assert check_binary("alveo-u50", xclbin)["platform"] == platform
     xclbin.write_bytes(make_xclbin(platform="xilinx_u250_gen3x16_xdma_4_1_202210_1"))
-    with pytest.raises(BoardError, match=r"x\.xclbin was linked for the platform xilinx_u250_gen3x16_xdma_4_1_202210_1, "
-                                         r"but alveo-u50 is xilinx_u50_gen3x16_xdma_5_202210_1"):
+    with pytest.raises(BoardError, match=r"x\.xclbin was linked for the platform "
+                                         r"xilinx_u250_gen3x16_xdma_4_1_202210_1, but alveo-u50 is "
+                                         r"xilinx_u50_gen3x16_xdma_5_202210_1"):
         open_board("alveo-u50", xclbin)
     XCLBIN = tmp_path / "y.XCLBIN"
     XCLBIN.write_bytes(make_xclbin(platform="xilinx_u250_gen3x16_xdma_4_1_202210_1"))

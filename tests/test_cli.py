@@ -412,9 +412,9 @@ def test_bench_refuses_before_measuring(tmp_path, capsys, monkeypatch):
     monkeypatch.setattr("dlbooster.bench_records.bench_records", measured)
     cases = [(["parse", "--json", str(tmp_path / "nope" / "x.json"), str(photo)],
               f"dlbooster bench parse: --json {tmp_path / 'nope' / 'x.json'}: no such folder"),
-             (["parse", "--json", str(tmp_path), str(photo)], f"dlbooster bench parse: --json '{tmp_path}': give a "
-                                                              f"file name"),
-             (["decode", "--json", "", str(photo)], "dlbooster bench decode: --json '': give a file name"),
+             (["parse", "--json", str(tmp_path), str(photo)], f"dlbooster bench parse: --json {tmp_path}: a folder; "
+                                                              f"give a file name"),
+             (["decode", "--json", "", str(photo)], "dlbooster bench decode: --json: an empty path; give a file name"),
              (["entropy", str(progressive)], "dlbooster bench entropy: none of the 1 inputs is in the hardware"),
              (["idct", "--lanes", "1", "--ieee-blocks", "0", str(progressive)],
               "dlbooster bench idct: none of the 1 inputs is in the hardware profile"),

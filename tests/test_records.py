@@ -676,6 +676,12 @@ def test_cli_write_info_and_train(tmp_path, monkeypatch):
     code, out, err = _cli("records", "write", str(tmp_path / "bad"), str(tmp_path / "rec-bad"))
     (line,) = [line for line in out.splitlines() if "skipped " in line and "1.jpg" in line]
     assert code == 1 and line.count("1.jpg") == 1, out       # the path once, then why
+    # A name with a line break cannot forge a second "skipped" line.
+    forged = "evil\n  skipped fake.jpg: forged.jpg"
+    (bad / forged).write_bytes(b"\xff\xd8 not a JPEG")
+    code, out, err = _cli("records", "write", str(tmp_path / "bad"), str(tmp_path / "rec-bad2"))
+    assert code == 1 and sum("skipped " in line for line in out.splitlines()) == 2, out
+    assert "evil\\n  skipped fake.jpg" in out
     code, out, err = _cli("records", "info", str(tmp_path / "rec" / "train"), "--json", "--sample", "3")
     assert code == 0, err
     result = json.loads(out)
@@ -683,8 +689,13 @@ def test_cli_write_info_and_train(tmp_path, monkeypatch):
     assert [r["fidelity"] for r in rows] == list(range(1, 11)) and rows[-1]["of_full"] == 1.0
     assert rows[-1]["psnr_mean_db"] is None and rows[-1]["identical"] == 3
     assert all(r["psnr_mean_db"] is not None and 10 < r["psnr_mean_db"] < 99 for r in rows[:5])
-    code, out, _ = _cli("records", "info", str(tmp_path / "rec" / "val"))
+    code, out, _ = _cli("records", "info", str(tmp_path / "rec" / "val"), "--sample", "3")
     assert code == 0 and "PSNR mean dB" in out
+    # The text table says how many images each mean leaves out as already identical.
+    header, _, *table, note = out.splitlines()[1:]
+    assert header.split()[:5] == ["fidelity", "bytes", "of", "sources", "of"] and "identical" in header
+    assert table[-1].split()[4] == "3" and table[-1].split()[5:] == ["inf", "inf"]
+    assert note == "PSNR over the images not yet identical to full fidelity's (identical: how many are)"
     code, _, err = _cli("records", "write", str(src), str(tmp_path / "rec"))
     assert code == 2 and "already holds record files" in err
     # Train/val pairs are checked together before anything is written: output inside
@@ -791,6 +802,20 @@ def test_records_write_refusals_and_interruption(tmp_path, monkeypatch):
     code, out, err = _cli("records", "write", str(src), str(tmp_path / "out"))
     assert (code, out, err) == (130, "", "dlbooster records write: interrupted\n")
     assert R.record_paths(tmp_path / "out") == []
+
+
+def test_a_train_folder_alone_is_written_with_its_own_classes(tmp_path):
+    """`records write` took a source with train/ and no val/ as one class named "train"
+    (every label 0), where `train` reads the classes inside train/."""
+    from dlbooster.train import _split, record_sets
+
+    src = tmp_path / "data"
+    _folder(src / "train")
+    code, out, err = _cli("records", "write", str(src), str(tmp_path / "out"))
+    assert code == 0 and out.startswith(f"{tmp_path / 'out' / 'train'}: {len(VARIANTS)} images"), (out, err)
+    train_set, val_set = record_sets(tmp_path / "out")
+    assert val_set is None and train_set.classes == ["class0", "class1"] == _split(src)[2]
+    assert train_set.labels() == [s.label for s in R.source_classes(src / "train")[0]]
 
 
 def test_record_files_are_read_in_numeric_order(tmp_path):

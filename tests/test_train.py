@@ -130,6 +130,10 @@ def test_options_that_failed_late_or_silently_are_refused_first(photos, tmp_path
              (["--checkpoint", str(tmp_path)], f"checkpoint {tmp_path}: a folder; give a file name"),
              (["--trace", str(tmp_path / "nodir" / "t.json")], f"trace {tmp_path / 'nodir' / 't.json'}: no such "
                                                                f"folder"),
+             # Found before training (it was a traceback after the epoch): a path the
+             # file system refuses, and a learning rate the optimiser's float32 cannot hold.
+             (["--checkpoint", "/proc/self/c.pt"], "checkpoint /proc/self/c.pt: "),
+             (["--lr", "1e308"], "lr must be at most 3.40282e+38 (float32), not 1e+308"),
              (["--model", "alexnet", "--image-size", "32"], "alexnet does not run on 32x32-pixel images (")]
     for argv, message in cases:
         assert main(["train", photos, "--backend", "cpu", "--steps", "1", *argv]) == 2, argv
@@ -162,6 +166,58 @@ def test_an_interrupted_checkpoint_save_leaves_no_partial_file(photos, tmp_path,
     with pytest.raises(KeyboardInterrupt):
         train(replace(BASE, data=photos, steps=1, checkpoint=str(tmp_path / "c.pt")))
     assert list(tmp_path.iterdir()) == []
+
+
+def test_an_output_the_file_system_refuses_after_the_checks_is_one_line(photos, tmp_path, monkeypatch, capsys):
+    """A checkpoint torch cannot write (its writer raises RuntimeError for the OS's
+    error) ended the run in a traceback; a trace on a full disk, after the whole run,
+    too, and lost its results. Now: one line and exit 1; the trace's run prints its
+    results first."""
+    import torch
+
+    from dlbooster.cli import main
+
+    argv = ["train", photos, "--backend", "cpu", "--batch-size", "8", "--image-size", "64", "--workers", "1",
+            "--device", "cpu", "--steps", "1"]
+
+    def refused(state, path):
+        raise RuntimeError(f"[enforce fail at inline_container.cc:747] . open file failed because of errno 30 "
+                           f"on fopen: Read-only file system, file path: {path}\nmore lines")
+    with monkeypatch.context() as m:
+        m.setattr(torch, "save", refused)
+        assert main([*argv, "--checkpoint", str(tmp_path / "c.pt")]) == 1
+    err = capsys.readouterr().err
+    assert err.endswith(f"dlbooster train: {tmp_path / 'c.pt'}: the checkpoint cannot be written ([enforce fail at "
+                        f"inline_container.cc:747] . open file failed because of errno 30 on fopen: Read-only "
+                        f"file system, file path: {tmp_path / 'c.pt.tmp'})\n"), err
+    assert list(tmp_path.iterdir()) == []
+    if not os.path.exists("/dev/full"):
+        return
+    assert main([*argv, "--trace", "/dev/full"]) == 1
+    captured = capsys.readouterr()
+    assert "\n1 steps, 8 images" in captured.out and "trace: " not in captured.out
+    assert captured.err.endswith("dlbooster train: /dev/full: the trace cannot be written (No space left on "
+                                 "device)\n"), captured.err
+
+
+def test_a_records_folder_as_data_and_a_single_class_are_named(photos, tmp_path, caplog):
+    import logging
+
+    (tmp_path / "rec").mkdir()
+    (tmp_path / "rec" / "records-00000.pcr").write_bytes(b"")
+    with pytest.raises(FileNotFoundError, match=rf"{re.escape(str(tmp_path / 'rec'))}: holds record files, not "
+                                                rf"class folders; give it as --records"):
+        train(replace(BASE, data=str(tmp_path / "rec"), steps=1))
+    one = tmp_path / "one" / "only"
+    one.mkdir(parents=True)
+    for n, path in enumerate(sorted(Path(photos).rglob("*.jpg"))[:4]):
+        shutil.copy(path, one / f"{n}.jpg")
+    with caplog.at_level(logging.WARNING, logger="dlbooster.train"):
+        summary = train(replace(BASE, data=str(tmp_path / "one"), batch_size=2, steps=1))
+    assert summary["classes"] == 1 and summary["loss_first"] == 0.0
+    assert [r.getMessage() for r in caplog.records] == [
+        "one class (only): every label is the same, the loss is 0 from the first step and training learns "
+        "nothing; a data set needs two or more class folders"]
 
 
 def test_a_final_batch_of_one_is_dropped(photos):
@@ -349,6 +405,18 @@ def test_resume_after_a_crash_is_exact(photos, tmp_path, crash_at):
     assert _same_model(straight, resumed)
 
 
+def test_resume_compares_the_learning_rate_as_resolved(photos, tmp_path):
+    """An explicit --lr equal to the default the checkpoint ran with is the same run
+    (it was refused as "lr None -> 0.003125"); another one is not."""
+    path = tmp_path / "c.pt"
+    config = replace(BASE, data=photos, lr=None, steps=1, checkpoint=str(path))
+    train(config)
+    assert _state(path)["lr"] == 0.1 * 8 / 256
+    assert train(replace(config, lr=0.003125, steps=2, resume=True))["resumed_from"] == 1
+    with pytest.raises(ValueError, match=r"c\.pt was written with other options \(lr 0\.003125 -> 0\.004\)"):
+        train(replace(config, lr=0.004, steps=3, resume=True))
+
+
 def test_resume_refuses_other_options_and_damaged_checkpoints(photos, tmp_path, capfd):
     """A checkpoint written with another model, batch size, learning rate... is refused
     before anything loads (else an epoch's remaining samples are never trained on, or a
@@ -367,6 +435,21 @@ def test_resume_refuses_other_options_and_damaged_checkpoints(photos, tmp_path, 
                           (dict(model="mobilenet_v2"), "model 'resnet18' -> 'mobilenet_v2'")]:
         with pytest.raises(ValueError, match=rf"c\.pt was written with other options \({re.escape(words)}\)"):
             train(replace(config, steps=2, resume=True, **change))
+    # Another data set's classes: refused by name (it used to be torch's size mismatch
+    # traceback); a checkpoint of before the class check, by its weights.
+    fewer = tmp_path / "fewer"
+    shutil.copytree(photos, fewer)
+    dropped = sorted(p.name for p in (fewer / "train").iterdir())[-1]
+    for split in ("train", "val"):
+        shutil.rmtree(fewer / split / dropped)
+    with pytest.raises(ValueError, match=r"c\.pt was written with other options \(classes \d+ \(.*\) -> \d+ "):
+        train(replace(config, data=str(fewer), steps=2, resume=True))
+    state = _state(path)
+    del state["classes"]
+    torch.save(state, path)
+    with pytest.raises(ValueError, match=r"c\.pt: its weights do not fit this resnet18 with \d+ classes \(size "
+                                         r"mismatch for fc\."):
+        train(replace(config, data=str(fewer), steps=2, resume=True))
     good = path.read_bytes()
     for damaged in (good[:100_000], b"", b"garbage, not a checkpoint\n"):
         path.write_bytes(damaged)
