@@ -612,11 +612,19 @@ class RecordFile:
         in that file's list, never in the new one's.
 
         Raises:
-            RecordError: not a regular file, or not the record this object opened.
+            RecordError: not a regular file, not the record this object opened, or gone
+                since it was opened.
+            FileNotFoundError: no such file (when this object is being made).
         """
-        if not stat.S_ISREG(os.stat(self.path).st_mode):
-            raise RecordError(f"{self.path}: not a regular file")
-        fd = os.open(self.path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+        try:
+            if not stat.S_ISREG(os.stat(self.path).st_mode):
+                raise RecordError(f"{self.path}: not a regular file")
+            fd = os.open(self.path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+        except FileNotFoundError:
+            if self._identity is None:        # opening: the caller named a missing file
+                raise
+            raise RecordError(f"{self.path}: the record file is gone (deleted or moved after it was opened): "
+                              f"open the record set again") from None
         try:
             st = os.fstat(fd)
             if not stat.S_ISREG(st.st_mode):

@@ -436,6 +436,14 @@ def test_a_record_file_changed_after_opening_is_reported(written, tmp_path):
     os.replace(second, first)                        # another record under the same name
     with pytest.raises(R.RecordError, match=r"changed after it was opened"):
         rf.image(0)
+    shutil.copy(rec / first.name, tmp_path / "spare.pcr")
+    gone = R.RecordFile(tmp_path / "spare.pcr")
+    os.unlink(gone.path)                             # a RecordError too, as records.md says
+    with pytest.raises(R.RecordError, match=r"\.pcr: the record file is gone \(deleted or moved after it was "
+                                            r"opened\): open the record set again"):
+        gone.read_prefix()
+    with pytest.raises(FileNotFoundError):
+        R.RecordFile(gone.path)
     # New contents in place with the old inode and modification time (cp -p, rsync -t
     # --inplace, tar): only the status-change time tells them apart.
     third = R.RecordFile(folder / sorted(rec.glob("*.pcr"))[2].name)
