@@ -539,18 +539,36 @@ _PREDICT_SCOPES = {
 }
 
 
+#: `predict`'s bounds (docs/predict.md): beyond them the recorded tensors' sizes leave
+#: PyTorch's 64-bit integers (a traceback) long before any machine could run them.
+_predict_batch = _integer_in(1, 1 << 20)         # images per device per iteration
+_predict_image = _integer_in(1, 16384)           # square image side, pixels
+_predict_gpus = _integer_in(1, 4096)             # ranks per node
+_predict_nodes = _integer_in(1, 1 << 20)
+
+
 def _cmd_predict(args: argparse.Namespace) -> int:
-    from .bench import _machine, _table
+    from .bench import _machine, _table, json_target_problem, output_problem
     from .predict import calibrate, load_profile, parse_decoder, predict, profile_dir, workload
 
     def dump(report) -> bool:
-        """``--json``: print the report alone (True), or write it to FILE."""
+        """``--json`` alone: print the report as strict JSON (no NaN or Infinity) and nothing else."""
         if args.json == "-":
-            print(json.dumps(report, indent=1))
+            print(json.dumps(report, indent=1, allow_nan=False))
             return True
-        if args.json:
-            Path(args.json).write_text(json.dumps(report, indent=1) + "\n")
         return False
+
+    def write(report) -> str | None:
+        """``--json FILE``: write the report as strict JSON; why it could not be, or None."""
+        if args.json in (None, "-"):
+            return None
+        try:
+            Path(args.json).write_text(json.dumps(report, indent=1, allow_nan=False) + "\n")
+        except OSError as exc:
+            return f"--json {args.json}: not written ({exc.strerror or exc})"
+        except ValueError as exc:       # a number JSON cannot hold
+            return f"--json {args.json}: not written ({exc})"
+        return None
 
     if args.action is None and args.json in ("calibrate", "validate"):
         action = "'predict validate --json'" if args.json == "validate" else "'predict calibrate' (--out FILE)"
@@ -571,20 +589,46 @@ def _cmd_predict(args: argparse.Namespace) -> int:
               file=sys.stderr)
         return 2
     image_size = args.image_size or (128 if args.action == "validate" else 224)
-    if args.json not in (None, "-") and not Path(args.json).parent.is_dir():      # before minutes of work
-        print(f"dlbooster predict: --json {args.json}: no such folder {Path(args.json).parent}", file=sys.stderr)
+    problem = json_target_problem(args.json)        # before minutes of work, not after it
+    if problem:
+        print(f"dlbooster predict: {problem}", file=sys.stderr)
         return 2
     if args.action == "calibrate":
         if args.device not in ("cpu", "cuda"):
             print(f"dlbooster predict: calibrate measures --device cpu or cuda, not {args.device!r}",
                   file=sys.stderr)
             return 2
+        # The profile's file, checked (its folder made) before minutes of calibration.
+        out = args.out if args.out is not None else str(profile_dir() / (
+            "cuda.json" if args.device == "cuda" else f"cpu-p{args.procs}.json"))
+        label = "--out" if args.out is not None else "profile"
+        try:
+            if out and not Path(out).is_dir():
+                Path(out).parent.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            why = "a file is in the way" if isinstance(exc, (FileExistsError, NotADirectoryError)) else exc.strerror
+            print(f"dlbooster predict: {label} {out}: cannot make the folder {Path(out).parent} ({why or exc})",
+                  file=sys.stderr)
+            return 2
+        problem = output_problem(out, label)
+        if problem:
+            print(f"dlbooster predict: {problem}", file=sys.stderr)
+            return 2
         try:
             profile = calibrate(procs=args.procs, quick=args.quick, device=args.device)
         except (ValueError, RuntimeError) as err:
             print(f"dlbooster predict: {err}", file=sys.stderr)
             return 2
-        path = profile.save(args.out or profile_dir() / f"{profile.name}.json")
+        try:
+            path = profile.save(out)
+        except OSError as exc:
+            from dataclasses import asdict
+
+            # Minutes of measurement: printed rather than lost.
+            print(json.dumps(asdict(profile), indent=1))
+            print(f"dlbooster predict: {label} {out}: not written ({exc.strerror or exc}); the profile is on "
+                  f"stdout above: save it as a .json file and give that to --device", file=sys.stderr)
+            return 1
         print(f"{path}: {profile.source}")
         return 0
     if args.action == "validate":
@@ -597,7 +641,7 @@ def _cmd_predict(args: argparse.Namespace) -> int:
 
         models = args.models.split(",")
         try:
-            batches = [_positive(b) for b in args.batch_sizes.split(",")]
+            batches = [_predict_batch(b) for b in args.batch_sizes.split(",")]
             procs = [_positive(p) for p in args.procs_list.split(",")]
         except argparse.ArgumentTypeError as err:
             print(f"dlbooster predict: --batch-sizes and --procs-list are whole numbers above 0 separated by "
@@ -606,6 +650,11 @@ def _cmd_predict(args: argparse.Namespace) -> int:
         if args.device != "cpu":
             import torch
 
+            try:        # no such profile is said as such, GPU or not
+                load_profile(args.device)
+            except (FileNotFoundError, ValueError) as err:
+                print(f"dlbooster predict: {err}", file=sys.stderr)
+                return 2
             if not torch.cuda.is_available():       # found now, not after a minute of tracing
                 print(f"dlbooster predict: validate --device {args.device} measures a CUDA GPU, and PyTorch finds "
                       f"none here; without --device it measures this machine's CPU", file=sys.stderr)
@@ -622,11 +671,15 @@ def _cmd_predict(args: argparse.Namespace) -> int:
         report.update(_machine(), date=datetime.date.today().isoformat(), command=" ".join(sys.argv))
         if dump(report):
             return 0
+        failed = write(report)
         rows = [[r["model"], r["batch_size"], r["procs"], f"{r['measured_s']:.3f}", f"{r['predicted_s']:.3f}",
                  f"{r['error_pct']:.1f}"] for r in report["rows"]]
         print(_table(["model", "batch", "procs", "measured s", "predicted s", "error %"], rows))
         print(f"mean absolute error {report['mean_error_pct']:.1f} %, worst {report['worst_error_pct']:.1f} % "
               f"over {len(rows)} configurations (goal: mean at most 10 %)")
+        if failed:      # the measurements are in the table above
+            print(f"dlbooster predict: {failed}", file=sys.stderr)
+            return 1
         return 0
     try:
         profile = load_profile(args.device, procs=args.gpus)
@@ -643,6 +696,7 @@ def _cmd_predict(args: argparse.Namespace) -> int:
         return 2
     if dump(result):
         return 0
+    failed = write(result)
     b = result["breakdown"]
     ms = lambda s: f"{1e3 * s:,.1f} ms"  # noqa: E731
     print(f"{args.model}, batch {args.batch_size} per device, {args.gpus} device(s) x {args.nodes} node(s), "
@@ -652,14 +706,17 @@ def _cmd_predict(args: argparse.Namespace) -> int:
     rows = [[k.replace("_", " "), ms(v)] for k, v in result["stages"].items()]
     rows += [[k.replace("_", " "), ms(b[k])] for k in ("forward", "input_gradient", "weight_gradient",
                                                         "backward_other", "optimizer", "allreduce",
-                                                        "allreduce_exposed", "page_faults")
-             if k != "page_faults" or b[k]]
+                                                        "allreduce_exposed", "split_overhead", "page_faults")
+             if k not in ("page_faults", "split_overhead") or b[k]]
     print(_table(["stage", "time"], rows))
     # Fresh mappings cost page faults on a CPU; a GPU's caching allocator reuses its memory.
     fresh = (f", {b['fresh_bytes'] / 2**20:,.1f} MiB allocated afresh (page faults, counted in the stages "
              f"above)" if b["page_faults"] else "")
     print(f"work: {b['forward_gflop']:,.1f} GFLOP forward, {b['backward_gflop']:,.1f} GFLOP backward, "
           f"{b['gradient_bytes'] / 2**20:,.1f} MiB of gradients{fresh}")
+    if failed:
+        print(f"dlbooster predict: {failed}", file=sys.stderr)
+        return 1
     return 0
 
 
@@ -1080,10 +1137,13 @@ def _parser() -> argparse.ArgumentParser:
                                    "'predict validate' compares predictions with measured iterations.")
     p.add_argument("action", nargs="?", choices=("calibrate", "validate"))
     p.add_argument("--model", default="resnet50", help="torchvision model")
-    p.add_argument("--batch-size", type=_positive, default=32, help="images per device per iteration")
-    p.add_argument("--image-size", type=_positive, help="square input side, pixels (default 224; validate: 128)")
-    p.add_argument("--gpus", type=_positive, default=1, help="data-parallel ranks per node (processes on a CPU)")
-    p.add_argument("--nodes", type=_positive, default=1)
+    p.add_argument("--batch-size", type=_predict_batch, default=32,
+                   help="images per device per iteration (1 to 1048576)")
+    p.add_argument("--image-size", type=_predict_image,
+                   help="square input side, pixels, 1 to 16384 (default 224; validate: 128)")
+    p.add_argument("--gpus", type=_predict_gpus, default=1,
+                   help="data-parallel ranks per node, 1 to 4096 (processes on a CPU)")
+    p.add_argument("--nodes", type=_predict_nodes, default=1, help="nodes (1 to 1048576)")
     p.add_argument("--device", default="cpu", help="profile: cpu (calibrated), cuda (calibrated GPU), a100, "
                                                    "v100, h100, t4, a calibrated name or a JSON file; "
                                                    "calibrate: cpu or cuda; validate: a GPU profile "
@@ -1099,7 +1159,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--out", metavar="FILE", help="calibrate: where to write the profile")
     p.add_argument("--models", default="resnet18,resnet50,mobilenet_v2,vgg11,densenet121,squeezenet1_1,"
                                         "googlenet,shufflenet_v2_x1_0", help="validate: models")
-    p.add_argument("--batch-sizes", default="8,16,32", help="validate: batch sizes")
+    p.add_argument("--batch-sizes", default="8,16,32", help="validate: batch sizes (each 1 to 1048576)")
     p.add_argument("--procs-list", default="1,2", help="validate: process counts")
     p.add_argument("--iterations", type=_positive, default=5, help="validate: timed iterations per configuration")
     p.add_argument("--rounds", type=_positive, default=1,

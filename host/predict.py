@@ -52,9 +52,9 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-__all__ = ["HOST_US_PER_IMAGE", "Op", "Profile", "SHIPPED_PROFILES", "Workload", "build_model", "buckets", "calibrate",
-           "load_profile", "op_time", "parse_decoder", "predict", "profile_dir", "REFERENCE_MODELS", "run_ranks",
-           "time_steps", "workload"]
+__all__ = ["HOST_US_PER_IMAGE", "Op", "PROFILE_LIMITS", "Profile", "SHIPPED_PROFILES", "Workload", "build_model",
+           "buckets", "calibrate", "load_profile", "op_time", "parse_decoder", "predict", "profile_dir",
+           "REFERENCE_MODELS", "run_ranks", "time_steps", "workload"]
 
 #: Operators that only make views or metadata: no bytes moved.
 _VIEWS = {"view", "_unsafe_view", "t", "detach", "slice", "expand", "as_strided", "transpose",
@@ -228,13 +228,22 @@ def build_model(model: str, num_classes: int = 1000):
     their auxiliary heads), on the current default device.
 
     Raises:
-        ValueError: not a torchvision classification model.
+        ValueError: not one of torchvision's classification models (the check and the
+            message ``dlbooster train`` gives; a helper such as ``list_models`` is none,
+            and a segmentation, detection, video, optical-flow or quantized model is
+            named as such).
     """
     import torchvision
 
-    builder = getattr(torchvision.models, model, None)
-    if builder is None or model.startswith("_") or not callable(builder):
-        raise ValueError(f"not a torchvision model: {model!r}")
+    models = torchvision.models
+    if model not in models.list_models(module=models):
+        kinds = {"segmentation": "segmentation", "detection": "detection", "video": "video",
+                 "optical_flow": "optical-flow", "quantization": "quantized (int8)"}
+        for module, kind in kinds.items():
+            if model in models.list_models(module=getattr(models, module)):
+                raise ValueError(f"{model!r} is a torchvision {kind} model, not a classification model")
+        raise ValueError(f"unknown torchvision classification model {model!r}")
+    builder = models.get_model_builder(model)
     kwargs = {"num_classes": num_classes}
     if model in ("googlenet", "inception_v3"):
         kwargs.update(aux_logits=False, init_weights=False)
@@ -393,7 +402,11 @@ def _cost(spec: dict, op: Op) -> float:
         logs = [math.log(max(v, 1.0)) for v in (*op.dims, op.bytes)]
         # The log-linear fit's exponents sum below 1 (small products waste more), so
         # beyond the calibrated sizes it would promise rates no kernel reached.
-        return max(math.exp(a + sum(c * v for c, v in zip(b, logs))), op.flops / spec.get("peak", math.inf))
+        try:
+            fitted = math.exp(a + sum(c * v for c, v in zip(b, logs)))
+        except OverflowError:       # beyond a float: predict() refuses the non-finite time
+            fitted = math.inf
+        return max(fitted, op.flops / spec.get("peak", math.inf))
     t0, rate, bw = spec["roof"]
     return t0 + max(op.flops / rate, op.bytes / bw)
 
@@ -1046,11 +1059,23 @@ def load_profile(name: str, *, procs: int = 1) -> Profile:
         raise ValueError(f"{path}: not a device profile: {exc}") from None
 
 
+#: What :func:`profile_from_json` accepts: a time (seconds per operator, the all-reduce's
+#: latency) of at most an hour; a rate (flops/s, bytes/s, decodes/s) from 0.001 to 1e21 per
+#: second (an infinite all-reduce rate or peak: none, as in a one-process profile); a
+#: fitted cost's coefficients within +-100 (calibrations give about -26 to 3); a
+#: ``step_factor`` from 0.01 to 100 (calibrations give about 1.1); page faults at most a
+#: second per byte; host work at most an hour per image.
+PROFILE_LIMITS = {"seconds": 3600.0, "rate": (1e-3, 1e21), "coefficient": 100.0, "step_factor": (0.01, 100.0),
+                  "fault": 1.0, "host_us_per_image": 3600e6}
+
+
 def profile_from_json(raw: object) -> Profile:
     """A :class:`Profile` from its JSON object (:meth:`Profile.save`'s), checked: every
-    field present and no other, times non-negative and finite, rates positive (an
-    infinite rate is free: one process's all-reduce), so that no prediction comes out
-    negative or divides by zero.
+    field present and no other, every number finite and within :data:`PROFILE_LIMITS`
+    (times at least 0 and at most an hour, rates above 0 and finite except where
+    infinite means free: one process's all-reduce, no measured peak), so that no
+    prediction comes out negative, infinite or divides by zero (and :func:`predict`
+    refuses any time that still overflows a float).
 
     Raises:
         ValueError: what is wrong, naming the field.
@@ -1065,22 +1090,31 @@ def profile_from_json(raw: object) -> Profile:
         raise ValueError(f"missing {', '.join(missing)}")
     if unknown := sorted(set(raw) - set(fields)):
         raise ValueError(f"unknown field(s) {', '.join(unknown)}")
+    low, high = PROFILE_LIMITS["rate"]
 
-    def number(value, what: str, *, rate: bool = False, signed: bool = False) -> None:
+    def number(value, what: str, *, rate: bool = False, signed: bool = False, free: bool = False,
+               most: float = PROFILE_LIMITS["seconds"], unit: str = "seconds") -> None:
+        """A time (0 to ``most`` ``unit``), a rate (``free``: may be infinite) or a
+        fitted coefficient (``signed``)."""
         if isinstance(value, bool) or not isinstance(value, (int, float)) or math.isnan(value):
             raise ValueError(f"{what} must be a number, not {value!r}")
-        if rate and not value > 0:
-            raise ValueError(f"{what} is a rate and must be above 0, not {value!r}")
-        if not rate and not signed and not (0 <= value < math.inf):
-            raise ValueError(f"{what} must be finite and at least 0, not {value!r}")
-        if signed and math.isinf(value):
-            raise ValueError(f"{what} must be finite, not {value!r}")
+        if rate:
+            if not value > 0:
+                raise ValueError(f"{what} is a rate and must be above 0, not {value!r}")
+            if not (free and math.isinf(value)) and not low <= value <= high:
+                also = " or Infinity" if free else ""
+                raise ValueError(f"{what} is a rate per second, from {low:g} to {high:g}{also}, not {value!r}")
+        elif signed:
+            if not -PROFILE_LIMITS["coefficient"] <= value <= PROFILE_LIMITS["coefficient"]:
+                raise ValueError(f"{what} must be finite and within +-{PROFILE_LIMITS['coefficient']:g}, not {value!r}")
+        elif not 0 <= value <= most:
+            raise ValueError(f"{what} must be finite, at least 0 and at most {most:g} {unit}, not {value!r}")
 
-    def pair(value, what: str) -> None:          # [t0 seconds, bytes/s or flops/s]
+    def pair(value, what: str, *, free: bool = False) -> None:          # [t0 seconds, bytes/s or flops/s]
         if not isinstance(value, list) or len(value) != 2:
             raise ValueError(f"{what} must be [seconds, rate], not {value!r}")
         number(value[0], f"{what}[0]")
-        number(value[1], f"{what}[1]", rate=True)
+        number(value[1], f"{what}[1]", rate=True, free=free)
 
     def cost(value, what: str) -> None:
         if not isinstance(value, dict) or not ({"dims", "roof"} & set(value)):
@@ -1099,7 +1133,7 @@ def profile_from_json(raw: object) -> Profile:
             number(roof[1], f"{what}.roof[1]", rate=True)
             number(roof[2], f"{what}.roof[2]", rate=True)
         if "peak" in value:
-            number(value["peak"], f"{what}.peak", rate=True)
+            number(value["peak"], f"{what}.peak", rate=True, free=True)
 
     for name in ("name", "kind", "source"):
         if not isinstance(raw[name], str):
@@ -1122,21 +1156,28 @@ def profile_from_json(raw: object) -> Profile:
             if not sizes or len(sizes) != len(times):
                 raise ValueError(f"{what} must be a table [[bytes, ...], [seconds, ...]] of equal lengths")
             for i, (size, t) in enumerate(zip(sizes, times)):
-                number(size, f"{what} bytes[{i}]", rate=True)
-                number(t, f"{what} seconds[{i}]", rate=True)
+                if isinstance(size, bool) or not isinstance(size, (int, float)) or not 0 < size < math.inf:
+                    raise ValueError(f"{what} bytes[{i}] must be a finite number above 0, not {size!r}")
+                number(t, f"{what} seconds[{i}]")
+                if not t > 0:
+                    raise ValueError(f"{what} seconds[{i}] must be above 0, not {t!r}")
             if any(b <= a for a, b in zip(sizes, sizes[1:])):
                 raise ValueError(f"{what}: the table's sizes must rise")
         else:
             pair(spec, what)
     number(raw["view"], "view")
-    pair(raw["allreduce"], "allreduce")
+    pair(raw["allreduce"], "allreduce", free=True)
     number(raw["overlap"], "overlap")
     if raw["overlap"] > 1:
         raise ValueError(f"overlap is a share, 0 to 1, not {raw['overlap']!r}")
     number(raw["decode_per_core"], "decode_per_core", rate=True)
-    number(raw["host_us_per_image"], "host_us_per_image")
-    number(raw.get("fault", 0.0), "fault")
-    number(raw.get("step_factor", 1.0), "step_factor", rate=True)
+    number(raw["host_us_per_image"], "host_us_per_image", most=PROFILE_LIMITS["host_us_per_image"],
+           unit="microseconds")
+    number(raw.get("fault", 0.0), "fault", most=PROFILE_LIMITS["fault"], unit="seconds per byte")
+    step_low, step_high = PROFILE_LIMITS["step_factor"]
+    step = raw.get("step_factor", 1.0)
+    if isinstance(step, bool) or not isinstance(step, (int, float)) or not step_low <= step <= step_high:
+        raise ValueError(f"step_factor must be from {step_low:g} to {step_high:g}, not {step!r}")
     return Profile(**raw)
 
 
@@ -1157,7 +1198,9 @@ def parse_decoder(text: str | None) -> dict | None:
             lanes, sep, mhz = text.lower().partition("x")
             decoder = {"kind": "fpga", "lanes": int(lanes), "mhz": float(mhz)}
             ok = bool(sep) and decoder["lanes"] >= 1 and 0 < decoder["mhz"] < math.inf
-    except (TypeError, ValueError):
+        # A count beyond a float overflowed in the rate's arithmetic (a traceback).
+        ok = ok and math.isfinite(float(decoder.get("lanes", 1))) and math.isfinite(float(decoder.get("cores", 1)))
+    except (TypeError, ValueError, OverflowError):
         raise ValueError(form) from None
     if not ok:
         raise ValueError(f"{form}: lanes, MHz and cores must be above 0")
@@ -1165,6 +1208,10 @@ def parse_decoder(text: str | None) -> dict | None:
 
 
 # --------------------------------------------------------------------------- prediction
+
+#: ``--backward split``'s measured cost on the CPU, a share of the compute stage
+#: (docs/benchmarks.md, issue 8); reported as the breakdown's ``split_overhead``.
+SPLIT_CPU_OVERHEAD = 0.012
 
 #: DistributedDataParallel's bucket sizes (torch.distributed defaults).
 FIRST_BUCKET = 1 << 20
@@ -1204,14 +1251,18 @@ def predict(work: Workload, profile: Profile, *, gpus: int = 1, nodes: int = 1,
 
     Returns:
         ``{"iteration_s", "images_per_s", "bottleneck", "stages": {...}, "breakdown": {...}}``
-        (seconds; ``images_per_s`` over all ranks).
+        (seconds; ``images_per_s`` over all ranks; every number finite). The compute
+        stage is the breakdown's forward, input_gradient, weight_gradient,
+        backward_other, optimizer, allreduce_exposed and split_overhead added up.
 
     Raises:
         TypeError: ``profile`` is not a :class:`Profile`.
         ValueError: ``gpus`` or ``nodes`` not a whole number above 0, ``network_gbps``
             not above 0; several nodes without ``network_gbps``; unknown ``backward``; a
             CPU profile measured with another number of processes than ``gpus``; several
-            devices on one node with a profile that has no all-reduce (a calibrated GPU).
+            devices on one node with a profile that has no all-reduce (a calibrated GPU);
+            a time that overflows a float (a profile or network at the edge of its
+            bounds, a huge batch).
     """
     from .hw.synth import IMAGENET_CLOCKS, IMAGENET_PIXELS
 
@@ -1267,9 +1318,11 @@ def predict(work: Workload, profile: Profile, *, gpus: int = 1, nodes: int = 1,
         # runs after the backward is exposed in full.
         exposed = max(0.0, end - backward_end) + (1 - profile.overlap) * under_compute
     compute = backward_end + exposed + times["optimizer"]
+    split_overhead = 0.0
     if backward == "split" and profile.kind == "cpu":
         # Measured cost of the split schedule on the CPU (docs/benchmarks.md, issue 8).
-        compute *= 1.012
+        split_overhead = SPLIT_CPU_OVERHEAD * compute
+        compute += split_overhead
     per_node = work.batch_size * gpus
     stages = {"compute": compute}
     if decoder:
@@ -1283,6 +1336,11 @@ def predict(work: Workload, profile: Profile, *, gpus: int = 1, nodes: int = 1,
         stages["host"] = work.batch_size * profile.host_us_per_image * 1e-6
     bottleneck = max(stages, key=stages.get)
     iteration = stages[bottleneck]
+    if not 0 < iteration < math.inf or not all(math.isfinite(t) for t in (*times.values(), comm_total)):
+        # Only a profile's or a network's figures at the edge of their bounds get here.
+        raise ValueError(f"profile {profile.name!r} prices {work.model} at batch {work.batch_size} and "
+                         f"{work.image_size}x{work.image_size} beyond a floating-point number "
+                         f"(iteration {iteration!r} s); check the profile's figures")
     if bottleneck == "compute" and exposed > 0.5 * compute:
         bottleneck = "communication"
     return {
@@ -1290,7 +1348,7 @@ def predict(work: Workload, profile: Profile, *, gpus: int = 1, nodes: int = 1,
         "gpus": gpus, "nodes": nodes, "device": profile.name, "device_source": profile.source,
         "backward": backward, "iteration_s": iteration, "images_per_s": work.batch_size * ranks / iteration,
         "bottleneck": bottleneck, "stages": stages,
-        "breakdown": {**times, "allreduce": comm_total, "allreduce_exposed": exposed,
+        "breakdown": {**times, "allreduce": comm_total, "allreduce_exposed": exposed, "split_overhead": split_overhead,
                       "gradient_bytes": work.gradient_bytes, "forward_gflop": work.flops("forward") / 1e9,
                       "fresh_bytes": work.fresh_bytes, "page_faults": work.fresh_bytes * profile.fault,
                       "backward_gflop": work.flops("backward") / 1e9},

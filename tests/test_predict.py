@@ -54,8 +54,27 @@ def test_regnet_whose_builder_computes_with_tensors_is_recorded():
 
 
 def test_unknown_model_is_rejected():
-    with pytest.raises(ValueError, match="not a torchvision model"):
+    with pytest.raises(ValueError, match="unknown torchvision classification model 'resnet_unknown'"):
         workload("resnet_unknown", 1)
+
+
+def test_model_names_are_checked_as_train_checks_them(capsys):
+    """torchvision.models' helpers (list_models, get_model) were called as builders (a
+    TypeError traceback), and a segmentation model was said to be no torchvision model."""
+    from dlbooster.predict import build_model
+
+    for name in ("list_models", "get_model", "get_weight", "_utils"):
+        with pytest.raises(ValueError) as exc:
+            build_model(name)
+        assert str(exc.value) == f"unknown torchvision classification model {name!r}"   # as `dlbooster train`
+        assert main(["predict", "--device", "a100", "--model", name]) == 2
+        assert capsys.readouterr().err == f"dlbooster predict: unknown torchvision classification model {name!r}\n"
+    for name, kind in (("fcn_resnet50", "segmentation"), ("fasterrcnn_resnet50_fpn", "detection"),
+                       ("r3d_18", "video"), ("quantized_resnet18", "quantized (int8)")):
+        assert main(["predict", "--device", "a100", "--model", name]) == 2
+        assert capsys.readouterr().err == (f"dlbooster predict: {name!r} is a torchvision {kind} model, "
+                                           f"not a classification model\n")
+    assert build_model("googlenet").aux1 is None        # still built as trained
 
 
 def _profile(**changes):
@@ -237,7 +256,15 @@ def test_cli_refuses_bad_predict_input_before_working(tmp_path, capsys):
 def test_split_backward_adds_its_measured_cpu_overhead():
     cpu = _profile(kind="cpu", procs=1)
     plain = predict(_work(), cpu)["iteration_s"]
-    assert predict(_work(), cpu, backward="split")["iteration_s"] == pytest.approx(plain * 1.012)
+    split = predict(_work(), cpu, backward="split")
+    assert split["iteration_s"] == pytest.approx(plain * 1.012)
+    # The overhead is a row of its own: the compute stage is its parts added up.
+    b = split["breakdown"]
+    assert b["split_overhead"] == pytest.approx(plain * 0.012)
+    parts = ("forward", "input_gradient", "weight_gradient", "backward_other", "optimizer", "allreduce_exposed",
+             "split_overhead")
+    assert sum(b[k] for k in parts) == pytest.approx(split["stages"]["compute"], rel=1e-12)
+    assert predict(_work(), cpu)["breakdown"]["split_overhead"] == 0.0
     # Not modelled as faster or slower on a GPU (not measured there).
     assert predict(_work(), _profile(), backward="split")["iteration_s"] == pytest.approx(plain)
     with pytest.raises(ValueError):
@@ -578,3 +605,177 @@ def test_rescoring_a_saved_validation_prices_its_measurements_with_other_profile
     assert script.main([str(tmp_path / "v.json"), *map(str, files), "--json", str(tmp_path / "out.json")]) == 0
     assert "35.0" in capsys.readouterr().out
     assert json.loads((tmp_path / "out.json").read_text())["results"][0]["mean_error_pct"] == pytest.approx(35.0)
+
+
+def _table_ms(out: str) -> dict:
+    """The CLI table's rows: ``{stage: milliseconds}``."""
+    rows = {}
+    for line in out.splitlines():
+        name, _, value = line.strip().rpartition("  ")
+        if value.endswith(" ms") and name:
+            rows[name.strip()] = float(value[:-3].replace(",", ""))
+    return rows
+
+
+def test_cli_table_adds_up_with_the_split_overhead(tmp_path, capsys):
+    """On a CPU profile with --backward split, the compute row held the split schedule's
+    overhead (1.2 %) but no row showed it: the rows did not add up."""
+    from dataclasses import asdict
+
+    _profile(kind="cpu").save(tmp_path / "cpu.json")
+    argv = ["predict", "--model", "resnet18", "--batch-size", "4", "--image-size", "64",
+            "--device", str(tmp_path / "cpu.json")]
+    assert main([*argv, "--backward", "split"]) == 0
+    rows = _table_ms(capsys.readouterr().out)
+    parts = ("forward", "input gradient", "weight gradient", "backward other", "optimizer", "allreduce exposed",
+             "split overhead")
+    assert rows["split overhead"] == pytest.approx(rows["compute"] * 0.012 / 1.012, abs=0.1)
+    assert sum(rows[k] for k in parts) == pytest.approx(rows["compute"], abs=0.1 * len(parts))
+    # No overhead, no row.
+    assert main(argv) == 0
+    assert "split overhead" not in capsys.readouterr().out
+    assert asdict(_profile(kind="cpu"))     # the file came from a Profile
+
+
+@pytest.mark.parametrize("target, message", [
+    ("{tmp}", "--json {tmp}: a folder; give a file name"),
+    ("", "--json: an empty path; give a file name"),
+    ("{tmp}/afile/x.json", "--json {tmp}/afile/x.json: no such folder {tmp}/afile"),
+    pytest.param("/proc/self/x.json", "--json /proc/self/x.json: No such file or directory",
+                 marks=pytest.mark.skipif(not __import__("os").path.isdir("/proc/self"), reason="needs /proc")),
+])
+def test_cli_refuses_an_unusable_json_target_before_working(tmp_path, monkeypatch, capsys, target, message):
+    """--json naming a folder, a path that cannot be made or an empty path gave a
+    traceback after the work (the empty one: nothing written, exit 0)."""
+    import dlbooster.bench_predict
+    import dlbooster.predict
+
+    (tmp_path / "afile").write_text("")
+    target, message = target.format(tmp=tmp_path), message.format(tmp=tmp_path)
+    for module, name in ((dlbooster.predict, "workload"), (dlbooster.bench_predict, "validate")):
+        monkeypatch.setattr(module, name, lambda *a, **k: pytest.fail("worked before the refusal"))
+    for argv in (["--device", "a100"], ["validate"]):
+        assert main(["predict", *argv, "--json", target]) == 2
+        out, err = capsys.readouterr()
+        assert err == f"dlbooster predict: {message}\n" and not out, (argv, err)
+
+
+def test_cli_calibrate_refuses_an_unusable_out_before_measuring(tmp_path, monkeypatch, capsys):
+    """calibrate --out naming a folder ran for minutes, then crashed and lost the profile."""
+    import dlbooster.predict
+
+    monkeypatch.setattr(dlbooster.predict, "calibrate", lambda **k: pytest.fail("calibrated before the refusal"))
+    (tmp_path / "afile").write_text("")
+    for target, message in ((str(tmp_path), f"--out {tmp_path}: a folder; give a file name"),
+                            ("", "--out: an empty path; give a file name"),
+                            (str(tmp_path / "afile" / "p.json"),
+                             f"--out {tmp_path / 'afile' / 'p.json'}: cannot make the folder {tmp_path / 'afile'} "
+                             f"(a file is in the way)")):
+        assert main(["predict", "calibrate", "--quick", "--out", target]) == 2
+        assert capsys.readouterr().err == f"dlbooster predict: {message}\n", target
+    # The default place, too: the cache folder.
+    (tmp_path / "cache").write_text("")
+    monkeypatch.setenv("DLBOOSTER_CACHE", str(tmp_path / "cache"))
+    assert main(["predict", "calibrate", "--quick"]) == 2
+    assert capsys.readouterr().err.startswith(f"dlbooster predict: profile {tmp_path / 'cache'}/profiles/cpu-p1.json: "
+                                              f"cannot make the folder")
+    # A missing folder is still made for the profile, as before.
+    monkeypatch.setattr(dlbooster.predict, "calibrate", lambda **k: _profile(kind="cpu"))
+    assert main(["predict", "calibrate", "--quick", "--out", str(tmp_path / "new" / "p.json")]) == 0
+    assert load_profile(str(tmp_path / "new" / "p.json")) == _profile(kind="cpu")
+
+
+@pytest.mark.skipif(not __import__("os").path.exists("/dev/full"), reason="needs /dev/full")
+def test_a_write_that_fails_at_the_end_is_one_line_and_loses_nothing(monkeypatch, capsys):
+    """/dev/full can be opened but not written: a traceback after the work (ENOSPC)."""
+    import dlbooster.bench_predict
+    import dlbooster.predict
+    from dlbooster.predict import profile_from_json
+
+    assert main(["predict", "--device", "a100", "--model", "resnet18", "--json", "/dev/full"]) == 1
+    out, err = capsys.readouterr()
+    assert err == "dlbooster predict: --json /dev/full: not written (No space left on device)\n"
+    assert "iteration" in out and "bottleneck" in out          # the prediction is still shown
+    row = {"model": "resnet18", "batch_size": 8, "procs": 1, "rounds_s": [0.5], "measured_s": 0.5,
+           "predicted_s": 0.6, "error_pct": 20.0}
+    report = {"rows": [row], "mean_error_pct": 20.0, "worst_error_pct": 20.0}
+    monkeypatch.setattr(dlbooster.bench_predict, "validate", lambda *a, **k: dict(report))
+    assert main(["predict", "validate", "--quiet", "--json", "/dev/full"]) == 1
+    out, err = capsys.readouterr()
+    assert err == "dlbooster predict: --json /dev/full: not written (No space left on device)\n"
+    assert "0.500" in out and "0.600" in out and "20.0" in out   # the measurements are not lost
+    # calibrate: the measured profile is printed rather than lost.
+    profile = _profile(kind="cpu")
+    monkeypatch.setattr(dlbooster.predict, "calibrate", lambda **k: profile)
+    assert main(["predict", "calibrate", "--out", "/dev/full"]) == 1
+    out, err = capsys.readouterr()
+    assert profile_from_json(json.loads(out)) == profile
+    assert err.startswith("dlbooster predict: --out /dev/full: not written (No space left on device); the profile "
+                          "is on stdout") and err.count("\n") == 1
+
+
+def test_cli_refuses_sizes_beyond_its_bounds(capsys):
+    """A batch size or image size beyond 64-bit integers gave a TypeError traceback."""
+    for option, value, most in (("--batch-size", "9" * 26, 1 << 20), ("--image-size", str(2**63), 16384),
+                                ("--gpus", str(10**400), 4096), ("--nodes", str(2**64), 1 << 20)):
+        with pytest.raises(SystemExit) as exc:
+            main(["predict", "--device", "a100", option, value])
+        assert exc.value.code == 2
+        assert f"argument {option}: must be at most {most}, not {value}" in capsys.readouterr().err
+    assert main(["predict", "validate", "--batch-sizes", f"8,{(1 << 20) + 1}"]) == 2
+    assert "must be at most 1048576" in capsys.readouterr().err
+    # The maxima themselves predict, with finite numbers.
+    work = workload("resnet18", 1 << 20, image_size=16384)
+    result = predict(work, load_profile("a100"), gpus=4096, nodes=1 << 20, network_gbps=100)
+    assert math.isfinite(result["iteration_s"]) and math.isfinite(result["images_per_s"])
+
+
+def test_profiles_with_non_finite_or_absurd_figures_are_refused(tmp_path, capsys):
+    """A profile with "step_factor": Infinity or "view": 1e308 predicted `iteration inf ms`
+    and --json wrote Infinity (not JSON)."""
+    from dataclasses import asdict
+
+    good = json.loads(json.dumps(asdict(load_profile("a100"))))
+    for change, reason in (({"step_factor": float("inf")}, "step_factor must be from 0.01 to 100, not inf"),
+                           ({"step_factor": 1e-300}, "step_factor must be from 0.01 to 100"),
+                           ({"view": 1e308}, "view must be finite, at least 0 and at most 3600 seconds, not 1e+308"),
+                           ({"gemm": {"roof": [0.0, 1e-300, 1e12]}}, "gemm.roof[1] is a rate per second, from 0.001"),
+                           ({"gemm": {"roof": [0.0, float("inf"), 1e12]}}, "gemm.roof[1] is a rate per second"),
+                           ({"memory": {"*": [[1e3, 1e6], [1e-6, float("inf")]]}},
+                            "memory['*'] seconds[1] must be finite"),
+                           ({"fault": 1e300}, "fault must be finite, at least 0 and at most 1 seconds per byte"),
+                           ({"host_us_per_image": float("inf")}, "host_us_per_image must be finite"),
+                           ({"gemm": {"dims": [1e300, 0, 0, 0, 0]}}, "gemm.dims[0] must be finite and within +-100")):
+        path = _write(tmp_path / "bad.json", {**good, **change})
+        with pytest.raises(ValueError) as exc:
+            load_profile(str(path))
+        assert str(exc.value).startswith(f"{path}: not a device profile: {reason}"), str(exc.value)
+        out = tmp_path / "out.json"
+        assert main(["predict", "--model", "resnet18", "--device", str(path), "--json", str(out)]) == 2
+        assert capsys.readouterr().err.startswith(f"dlbooster predict: {path}: not a device profile: {reason}")
+        assert not out.exists()
+    # An infinite all-reduce rate still means one process's (free), as calibrations write it.
+    assert load_profile(str(_write(tmp_path / "one.json", {**good, "allreduce": [0.0, float("inf")]}))).name == "a100"
+    # Figures within the bounds that still overflow a float are refused by predict().
+    path = _write(tmp_path / "huge.json", {**good, "gemm": {"dims": [100, 100, 100, 100, 100]}})
+    assert main(["predict", "--model", "resnet18", "--device", str(path)]) == 2
+    assert capsys.readouterr().err.startswith("dlbooster predict: profile 'a100' prices resnet18 at batch 32 and "
+                                              "224x224 beyond a floating-point number")
+    # What --json writes is strict JSON.
+    out = tmp_path / "out.json"
+    assert main(["predict", "--model", "resnet18", "--device", "a100", "--json", str(out)]) == 0
+    json.loads(out.read_text(), parse_constant=lambda c: pytest.fail(f"{c} in the JSON"))
+
+
+def test_validate_names_a_missing_profile_before_looking_for_a_gpu(tmp_path, monkeypatch, capsys):
+    """validate --device nosuch.json said that it measures a CUDA GPU, and PyTorch finds
+    none, rather than that there is no such profile."""
+    monkeypatch.setenv("DLBOOSTER_CACHE", str(tmp_path))
+    for name, path in (("nosuch.json", "nosuch.json"), ("nosuch", tmp_path / "profiles" / "nosuch.json")):
+        assert main(["predict", "validate", "--device", name]) == 2
+        err = capsys.readouterr().err
+        assert err.startswith(f"dlbooster predict: no device profile {name!r} ({path}); run `dlbooster predict "
+                              f"calibrate") and err.count("\n") == 1, err
+    _write(tmp_path / "broken.json", "{")
+    assert main(["predict", "validate", "--device", str(tmp_path / "broken.json")]) == 2
+    assert "not a readable device profile" in capsys.readouterr().err
