@@ -39,7 +39,9 @@ def image_folder(root: str | os.PathLike[str]) -> tuple[list[Sample], list[str],
     Classes are the names of ``root``'s sub-folders (symbolic links to folders and
     hidden folders count), sorted by code point (so ``"B"`` before ``"a"``), labelled
     0, 1, ... in that order. Each class folder is walked recursively, following
-    symbolic links, in sorted order of folder paths then of file names; a file is a
+    symbolic links (except a link back to the folder it is in or one above it, which
+    torchvision follows until the path is too long, listing the same images again at
+    every depth), in sorted order of folder paths then of file names; a file is a
     sample when its name ends with one of :data:`IMG_EXTENSIONS` in any case (hidden
     files included). Paths are ``os.path.join(root, class, ..., name)`` strings, with
     ``~`` in ``root`` expanded.
@@ -65,8 +67,7 @@ def image_folder(root: str | os.PathLike[str]) -> tuple[list[Sample], list[str],
         found = len(samples)
         # Sorting the (dirpath, dirnames, filenames) tuples orders folders by path,
         # which is torchvision's order, not os.walk's top-down order.
-        for dirpath, _, filenames in sorted(os.walk(os.path.join(directory, name), onerror=_unlisted,
-                                                    followlinks=True)):
+        for dirpath, _, filenames in sorted(_walk(os.path.join(directory, name))):
             for filename in sorted(filenames):
                 if filename.lower().endswith(IMG_EXTENSIONS):
                     samples.append(Sample(os.path.join(dirpath, filename), class_to_idx[name]))
@@ -77,6 +78,19 @@ def image_folder(root: str | os.PathLike[str]) -> tuple[list[Sample], list[str],
             f"Found no valid file for the classes {', '.join(empty)}. "
             f"Supported extensions are: {', '.join(IMG_EXTENSIONS)}")
     return samples, classes, class_to_idx
+
+
+def _walk(top: str):
+    """``os.walk(top, followlinks=True)`` without the cycles: a linked folder that is one
+    of its own ancestors (a link to ``..``) is not entered again. torchvision's walk
+    enters it until the path is too long, listing every image there again at each depth.
+    """
+    ancestors: dict[str, frozenset[str]] = {}   # dirpath -> the real paths of it and its ancestors
+    for dirpath, dirnames, filenames in os.walk(top, onerror=_unlisted, followlinks=True):
+        seen = ancestors[dirpath] = ancestors.get(os.path.dirname(dirpath), frozenset()) | {os.path.realpath(dirpath)}
+        dirnames[:] = [d for d in dirnames if not (os.path.islink(os.path.join(dirpath, d))
+                                                   and os.path.realpath(os.path.join(dirpath, d)) in seen)]
+        yield dirpath, dirnames, filenames
 
 
 def _unlisted(exc: OSError) -> None:

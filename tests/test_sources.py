@@ -93,6 +93,29 @@ def test_image_folder_follows_links(tree):
     assert os.path.join(str(tree), "a", "dangling.jpg") in paths
 
 
+@needs_symlinks
+def test_a_link_back_up_the_tree_is_not_walked_again(tmp_path):
+    """A link to its own folder's parent: torchvision walks it until the path is too
+    long (each image listed again at every depth, then ELOOP); we list each image once,
+    and the same images and labels as torchvision otherwise."""
+    root = tmp_path / "data"
+    for cls in ("a", "b"):
+        touch(root / cls / "x.jpg")
+    touch(root / "a" / "sub" / "y.jpg")
+    (root / "a" / "sub" / "loop").symlink_to("..", target_is_directory=True)
+    (root / "b" / "to_a").symlink_to(root / "a", target_is_directory=True)   # not a cycle: followed once
+    samples, classes, _ = image_folder(root)
+    assert [(os.path.relpath(s.path, root), s.label) for s in samples] == [
+        (os.path.join("a", "x.jpg"), 0), (os.path.join("a", "sub", "y.jpg"), 0), (os.path.join("b", "x.jpg"), 1),
+        (os.path.join("b", "to_a", "x.jpg"), 1), (os.path.join("b", "to_a", "sub", "y.jpg"), 1)]
+    tv_samples, tv_classes, _ = torchvision_view(root)
+    assert tv_classes == classes and len(tv_samples) > 20           # torchvision's repeats
+    # A link to its own folder too (torchvision's walk of two such links grows
+    # exponentially with the depth, so it is not run on this one).
+    (root / "a" / "self").symlink_to(".", target_is_directory=True)
+    assert [s.path for s in image_folder(root)[0]] == [s.path for s in samples]
+
+
 @pytest.mark.parametrize("form", [str, Path, lambda p: str(p) + os.sep])
 def test_image_folder_root_forms(tree, form):
     assert our_view(form(tree)) == torchvision_view(form(tree))
