@@ -235,6 +235,10 @@ class _Dispatcher(threading.Thread):
         into a staging buffer (None when the transport's memory is full: bytes then).
         The buffer taken is left in ``self.reading``."""
         try:
+            for i, buf in enumerate(self.staging):   # _staging's spare, without its call
+                if buf.size >= size:
+                    self.reading = buf = self.staging.pop(i)
+                    return buf.array
             self.reading = self._staging(size)
         except Exception:
             # Full memory, or a transport fault, which is not the file's: it is read into
@@ -306,20 +310,32 @@ class _Dispatcher(threading.Thread):
                 task = pending[0]             # popped once read: an exit in the read leaves it pending
                 self.reading = None
                 try:
-                    data, st = service._read_input(task, into)
+                    if task.read is None:     # a file: DecodeService._read_input's path, without its call
+                        data, st = read_file(task.path, into)
+                        if not data:
+                            raise DecodeError("undecodable", "empty file", task.path)
+                    else:
+                        data, st = service._read_input(task, into)
                 except Exception as exc:  # never lose a task to a fault
                     data, st = None, exc
                 read.append((pending.popleft(), data, st, self.reading))
         finally:
             self.read_seconds += time.thread_time() - start
-        staging = self.staging
+        staging, screens = self.staging, service._screens
         for task, data, st, src in read:
-            if isinstance(st, LargeFile):     # no device takes it: Pillow reads the file
-                service._to_cpu(task, None, st.reason, st.detail)
+            if data is None:
+                if isinstance(st, LargeFile):     # no device takes it: Pillow reads the file
+                    service._to_cpu(task, None, st.reason, st.detail)
+                else:
+                    service._error(task, st, "pre-screen")
                 item = None
-            elif data is None:
-                service._error(task, st, "pre-screen")
-                item = None
+            elif st is not None and (cached := screens.get(task.path)) is not None and cached[1] is None \
+                    and cached[4] is None \
+                    and cached[0] == (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns):
+                # A file whose kept verdict is the device's, bytes as read: _screen's
+                # common case, without its call.
+                items.append((task, data, cached[2], cached[3], src))
+                continue
             else:
                 item = service._screen(task, data, st, src)
             if item is not None:
