@@ -30,7 +30,7 @@ import numpy as np
 from .errors import DecodeError
 from .pool import BatchPool
 from .sampler import ShardSampler
-from .service import DecodeService, Outcome, Task, check_count
+from .service import DecodeService, Outcome, Task, _BatchDone, check_count
 from .sources import Sample, as_samples
 
 __all__ = ["Batch", "EpochReport", "Loader", "LoaderStats"]
@@ -132,25 +132,32 @@ def _own_memory(images, data: np.ndarray):
     return own(images)
 
 
-class _Pending:
-    """A batch being filled: outcomes arrive from service threads."""
+class _Pending(_BatchDone):
+    """A batch being filled: outcomes arrive from service threads. It is its tasks'
+    ``done``: called with each outcome, or with :meth:`ok_many` for tasks the device
+    decoded, whose outcomes stay None (``ok``; the service makes none)."""
 
     def __init__(self, number: int, buffer, count: int, on_ready: Callable):
         self.number, self.buffer, self.count = number, buffer, count
-        self.outcomes: list[Outcome | None] = [None] * count
+        self.outcomes: list[Outcome | None] = [None] * count   # None: ok, by the requested backend
         self.all_ok = True                    # no outcome but ``ok`` so far (the assembly's fast path)
         # Outcomes so far, counted without a lock: next() of an itertools.count is atomic
         # (one step under the GIL; an atomic compare-and-swap in free-threaded builds,
-        # CPython gh-117657), so exactly one done() call draws count - 1, after every
-        # other call has stored its outcome.
+        # CPython gh-117657), so exactly one call draws count - 1, after every other call
+        # has stored its outcome.
         self._arrived = itertools.count()
         self.on_ready = on_ready
 
-    def done(self, task: Task, outcome: Outcome) -> None:
+    def __call__(self, task: Task, outcome: Outcome) -> None:
         self.outcomes[task.slot] = outcome
         if outcome.status != "ok":
             self.all_ok = False               # only ever cleared: no lock needed
         if next(self._arrived) == self.count - 1:
+            self.on_ready(self)
+
+    def ok_many(self, tasks: list[Task]) -> None:
+        # Nothing to store; one draw per task (in one C loop), the last of them the largest.
+        if max(itertools.islice(self._arrived, len(tasks)), default=-1) == self.count - 1:
             self.on_ready(self)
 
 
@@ -393,7 +400,7 @@ class Loader:
                     rows = np.array(chunk, np.int64)  # one conversion of the list, for both arrays
                     buf.indices[:n] = rows
                     buf.labels[:n] = labels[rows]
-                    done = pending.done
+                    done = pending
                     if self.records is None:          # files: the service reads each path
                         tasks = [Task(index, paths[index], buf, slot, done) for slot, index in enumerate(chunk)]
                     else:
@@ -533,6 +540,10 @@ class Loader:
             keep = list(range(pending.count))
             report.delivered += pending.count
         for slot, outcome in [] if pending.all_ok else enumerate(pending.outcomes):
+            if outcome is None:               # ok, by the requested backend (_Pending.ok_many)
+                keep.append(slot)
+                report.delivered += 1
+                continue
             if outcome.status != "ok":
                 unusual.append(outcome)
             if outcome.status == "fallback":

@@ -22,7 +22,10 @@ One :class:`DecodeService` serves a loader. Each submitted :class:`Task` names a
 Every task ends in exactly one call of its ``done(task, outcome)`` with an
 :class:`Outcome`: ``ok`` (the requested backend decoded it), ``fallback`` (the CPU path
 did, with the reason) or ``error`` (nothing can decode it; Pillow fails too), with the
-input's path. Bad input never raises out of the service.
+input's path. Bad input never raises out of the service. (The Loader's batches, whose
+``done`` is a :class:`_BatchDone`, take the tasks a device decoded into their slots
+with one ``ok_many(tasks)`` call per group of completions instead: the same end, ``ok``,
+without an object and a call per image.)
 """
 
 from __future__ import annotations
@@ -84,9 +87,10 @@ class Outcome:
 @dataclass(slots=True)
 class Task:
     """One input to decode into slot ``slot`` of ``buffer``; ``done(task, outcome)`` is
-    called exactly once, from a service thread. ``read``, when given, returns the input's
-    bytes instead of reading the file ``path`` (which then only names the input, e.g. an
-    image of a record file, :mod:`dlbooster.records`)."""
+    called exactly once, from a service thread (or, for a ``done`` that is a
+    :class:`_BatchDone`, ``done.ok_many`` with it among its tasks). ``read``, when
+    given, returns the input's bytes instead of reading the file ``path`` (which then
+    only names the input, e.g. an image of a record file, :mod:`dlbooster.records`)."""
 
     index: int
     path: str
@@ -94,6 +98,24 @@ class Task:
     slot: int
     done: Callable[[Task, Outcome], None]
     read: Callable[[], bytes] | None = None
+
+
+class _BatchDone:
+    """Base of a ``done`` callable shared by many tasks (the Loader's batches) that also
+    takes the tasks a device decoded into their slots in one call, :meth:`ok_many`,
+    instead of one ``done(task, outcome)`` call per task: their outcome is ``ok`` with
+    the requested backend, and none is made (the dispatcher made one object and one call
+    per image for outcomes the Loader only counts; issue 7). Every other outcome still
+    comes through ``done(task, outcome)``. Internal: a consumer of its own passes a plain
+    callable."""
+
+    __slots__ = ()
+
+    def __call__(self, task: Task, outcome: Outcome) -> None:
+        raise NotImplementedError
+
+    def ok_many(self, tasks: list[Task]) -> None:
+        raise NotImplementedError
 
 
 @dataclass
@@ -456,6 +478,8 @@ class _Dispatcher(threading.Thread):
         The common completion (decoded into its batch slot, figures consistent, no
         trace) is handled inline; every other goes through :meth:`_complete`."""
         finished: list[tuple[Task, Outcome]] = []
+        groups: list[tuple[_BatchDone, list[Task]]] = []   # decoded tasks whose done takes them at once
+        last, group = None, None              # the last task's done, and its group (None: no ok_many)
         clocks: dict[int, int] = {}           # lane -> clocks; a plain dict: Counter.update costs more per call
         service = self.service
         inflight, staging, number, name = self.inflight, self.staging, self.number, service.backend_name
@@ -481,8 +505,17 @@ class _Dispatcher(threading.Thread):
                 words, row = task.buffer.size_words, 2 * task.slot
                 words[row] = height
                 words[row + 1] = width
-                finished.append((task, Outcome(task.index, task.path, "ok", name, None, "",
-                                               {"cycles": job_clocks, "symbols": symbols, "lane": lane})))
+                callback = task.done
+                if callback is not last:      # a batch's tasks share theirs
+                    last = callback
+                    group = [] if isinstance(callback, _BatchDone) else None
+                    if group is not None:
+                        groups.append((callback, group))
+                if group is not None:
+                    group.append(task)
+                else:
+                    finished.append((task, Outcome(task.index, task.path, "ok", name, None, "",
+                                                   {"cycles": job_clocks, "symbols": symbols, "lane": lane})))
                 entry = None
         except BaseException:
             if entry is not None:             # struck in the inline path: the fault path sends it to the CPU
@@ -494,8 +527,8 @@ class _Dispatcher(threading.Thread):
                 lane_clocks = service.stats.lane_clocks
                 for lane, value in clocks.items():
                     lane_clocks[number, lane] += value
-            if finished:
-                service._finish_many(finished, all_ok=True)   # a declined job went to the CPU instead
+            if finished or groups:
+                service._finish_many(finished, all_ok=True, groups=groups)   # a declined job went to the CPU instead
 
     def _complete(self, done, entry: tuple, clocks: dict) -> tuple[Task, Outcome] | None:
         """One completion and its in-flight ``entry``: a declined job goes to the CPU; a
@@ -908,18 +941,33 @@ class DecodeService:
     def _finish(self, task: Task, outcome: Outcome) -> None:
         self._finish_many([(task, outcome)])
 
-    def _finish_many(self, finished: list[tuple[Task, Outcome]], all_ok: bool = False) -> None:
+    def _finish_many(self, finished: list[tuple[Task, Outcome]], all_ok: bool = False,
+                     groups: list[tuple[_BatchDone, list[Task]]] = ()) -> None:
         """Count the outcomes and call each task's ``done`` exactly once (``all_ok``: the
-        caller knows every outcome is ``ok``, counted in one step)."""
+        caller knows every outcome is ``ok``, counted in one step); ``groups``: tasks
+        decoded by the requested backend (``ok``), each group's done called once with
+        :meth:`_BatchDone.ok_many`."""
+        ended = len(finished)
+        for _, tasks in groups:
+            ended += len(tasks)
         with self._lock:
             outcomes = self.stats.outcomes
             if all_ok:
-                outcomes["ok", None] += len(finished)
+                outcomes["ok", None] += ended
             else:
                 for _, outcome in finished:
                     outcomes[outcome.status, outcome.reason] += 1
+                if groups:
+                    outcomes["ok", None] += ended - len(finished)
         failure = None
         try:
+            for done, tasks in groups:
+                try:
+                    done.ok_many(tasks)
+                except Exception:  # the tasks have their outcome; a consumer's fault must not re-report them
+                    log.exception("done callback of %s failed", tasks[0].path)
+                except BaseException as exc:  # e.g. SystemExit: the other tasks still get theirs
+                    failure = failure or exc
             for task, outcome in finished:
                 try:
                     task.done(task, outcome)
@@ -929,7 +977,7 @@ class DecodeService:
                     failure = failure or exc
         finally:
             with self._idle:
-                self._outstanding -= len(finished)
+                self._outstanding -= ended
                 if not self._outstanding:
                     self._idle.notify_all()
         if failure is not None:
