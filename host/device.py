@@ -208,6 +208,15 @@ class DecoderDevice:
         self._free_slots = self.transport.read32(Reg.JOB_PUSH)
         return self._free_slots
 
+    def job_room(self, wanted: int) -> int:
+        """Free entries in the job FIFO as far as known: the count of the last read less
+        the jobs queued since (it only falls between reads), read again (one register
+        read) when that is fewer than ``wanted``, as :meth:`submit_many` does. The room
+        for the next ``submit_many``, which then reads nothing for up to this many jobs."""
+        if self._free_slots < wanted:
+            self.free_slots()
+        return self._free_slots
+
     def submit(self, job_id: int, in_addr: int, in_len: int, out_addr: int, out_cap: int) -> bool:
         """Queue a job; False (nothing queued) when the job FIFO is full.
 
@@ -236,7 +245,7 @@ class DecoderDevice:
             ValueError: a length does not fit 32 bits (nothing is queued).
         """
         for job_id, _, in_len, _, out_cap in jobs:
-            if in_len >> 32 or out_cap >> 32 or in_len < 0 or out_cap < 0:
+            if (in_len | out_cap) >> 32:      # either one negative, or of 2^32 or more
                 raise ValueError(f"job {job_id}: lengths must fit the 32-bit registers ({in_len}, {out_cap})")
         if self._free_slots < len(jobs):
             self.free_slots()                 # one read: the cached count only falls

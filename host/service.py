@@ -402,13 +402,20 @@ class _Dispatcher(threading.Thread):
         """Stage items (:meth:`_take`) and queue their jobs in one register sequence.
         Returns the items the job FIFO did not take (the last ones, in order; they keep
         their staging buffers and go back to the backlog). An item whose output buffer
-        finds no room in the device's memory goes to the CPU (reason ``device-memory``)."""
+        finds no room in the device's memory goes to the CPU (reason ``device-memory``).
+
+        Items past the room the job FIFO is known to have (its free count, read when
+        fewer than the items are known, as :meth:`DecoderDevice.submit_many` would) are
+        not staged: they go back as they came (staging and unstaging them cost the host,
+        and a transport its syncs, for nothing)."""
         service, device = self.service, self.device
         self.current = items                  # the fault path's: not yet in flight (task, data, ...)
+        room = device.job_room(len(items))
+        later = items[room:]                  # for the FIFO's next room (held in self.current meanwhile)
         jobs, held, taken = [], [], []          # per job: its entry, its item
         max_width, next_id = device.max_width, self.next_id
         try:
-            for item in items:
+            for item in items[:room] if later else items:
                 task, data, width, height, src = item
                 need = 3 * width * height if width <= max_width else 0
                 buf = task.buffer
@@ -456,7 +463,7 @@ class _Dispatcher(threading.Thread):
             for job, entry in zip(jobs[:queued], held):
                 inflight[job[0]] = entry
             self.next_id = (next_id + queued) & 0xFFFFFFFF
-            self.current = held[queued:] or None   # (task, data, ...) as items
+            self.current = held[queued:] + later or None   # (task, data, ...) as items
         for item, (_, _, src, dst, _) in reversed(list(zip(taken[queued:], held[queued:]))):
             if item[4] is None:               # staged from bytes here: the item keeps its bytes
                 self.staging.append(src)
@@ -468,7 +475,7 @@ class _Dispatcher(threading.Thread):
                 self.started[job] = now
         with service._lock:
             service.stats.jobs += queued
-        return taken[queued:]
+        return taken[queued:] + later
 
     def _complete_many(self, completions) -> None:
         """Handle a batch of completions; the decoded ones are finished together (one
