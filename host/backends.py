@@ -478,6 +478,9 @@ class LargeFile(FallbackError):
     ``input-size``, ``source`` its path): decode it with :func:`decode_pillow` on the path."""
 
 
+_OPEN_FLAGS = os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC   # read_file's
+
+
 def read_file(path: str, into: Callable[[int], np.ndarray | None] | None = None
               ) -> tuple[bytes | memoryview, os.stat_result]:
     """A regular file's bytes and its status (size, modification time).
@@ -504,7 +507,7 @@ def read_file(path: str, into: Callable[[int], np.ndarray | None] | None = None
     try:
         if not stat.S_ISREG(os.stat(path).st_mode):
             raise DecodeError("unreadable", "not a regular file", path)
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+        fd = os.open(path, _OPEN_FLAGS)
         try:
             st = os.fstat(fd)
             if not stat.S_ISREG(st.st_mode):
@@ -515,13 +518,12 @@ def read_file(path: str, into: Callable[[int], np.ndarray | None] | None = None
             array = into(size) if into is not None and size else None
             if array is not None:
                 view = memoryview(array)[:size]
-                done = 0
-                while done < size:
+                n = done = os.readv(fd, [view])
+                # A read of 0 bytes: it shrank meanwhile: what it holds now, as a read to the end gives.
+                while n and done < size:
                     n = os.readv(fd, [view[done:]])
-                    if not n:
-                        break                 # it shrank meanwhile: what it holds now, as a read to the end gives
                     done += n
-                return view[:done], st
+                return (view if done == size else view[:done]), st
             parts = []
             while chunk := os.read(fd, max(size, 1 << 16)):
                 parts.append(chunk)

@@ -256,11 +256,11 @@ class _Dispatcher(threading.Thread):
         """``into`` of :func:`~dlbooster.backends.read_file`: files are read straight
         into a staging buffer (None when the transport's memory is full: bytes then).
         The buffer taken is left in ``self.reading``."""
+        staging = self.staging
         try:
-            for i, buf in enumerate(self.staging):   # _staging's spare, without its call
-                if buf.size >= size:
-                    self.reading = buf = self.staging.pop(i)
-                    return buf.array
+            if staging and staging[0].size >= size:   # _staging's choice (the first spare that fits), without its call
+                self.reading = buf = staging.pop(0)
+                return buf.array
             self.reading = self._staging(size)
         except Exception:
             # Full memory, or a transport fault, which is not the file's: it is read into
