@@ -25,6 +25,7 @@ The register map and statuses are :mod:`dlbooster.hw.regs`.
 
 from __future__ import annotations
 
+import operator
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -45,6 +46,7 @@ _DONE_STATUS, _DONE_SIZE, _DONE_ID = int(Reg.DONE_STATUS), int(Reg.DONE_SIZE), i
 _DONE_BYTES, _DONE_CLOCKS, _DONE_SYMBOLS = int(Reg.DONE_BYTES), int(Reg.DONE_CLOCKS), int(Reg.DONE_SYMBOLS)
 _JOB_BLOCK = _JOB_FIELDS[0]
 _WATCHDOG = int(DeviceStatus.WATCHDOG)
+_job_id = operator.itemgetter(0)             # of a job tuple
 
 
 class DeviceError(RuntimeError):
@@ -255,8 +257,11 @@ class DecoderDevice:
         write, staged = self.transport.write32, self._staged
         block = self.transport.write_block if self._blocks else None
         for job_id, in_addr, in_len, out_addr, out_cap in queued:
-            values = (in_addr & 0xFFFFFFFF, in_addr >> 32 & 0xFFFFFFFF, in_len, out_addr & 0xFFFFFFFF,
-                      out_addr >> 32 & 0xFFFFFFFF, out_cap, job_id & 0xFFFFFFFF)
+            in_hi, out_hi = in_addr >> 32, out_addr >> 32
+            if (in_hi | out_hi | job_id) >> 32:   # one negative, or of 2^32 or more: its low 32 bits
+                in_hi, out_hi, job_id = in_hi & 0xFFFFFFFF, out_hi & 0xFFFFFFFF, job_id & 0xFFFFFFFF
+            # (A mask costs an allocation on ints of 2^30 or more: only where it changes one.)
+            values = (in_addr & 0xFFFFFFFF, in_hi, in_len, out_addr & 0xFFFFFFFF, out_hi, out_cap, job_id)
             if block is not None:
                 block(_JOB_BLOCK, values)     # one call costs less than the changed fields' writes
             else:
@@ -267,7 +272,7 @@ class DecoderDevice:
                         staged[i] = value
             write(_JOB_PUSH, 1)
         self._free_slots -= len(queued)
-        self.in_flight.update([job[0] for job in queued])
+        self.in_flight.update(map(_job_id, queued))
         return len(queued)
 
     def poll(self) -> list[Completion]:

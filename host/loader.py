@@ -592,28 +592,28 @@ class Loader:
         # reshaping and permuting cost three, about 16 us per image). On the CPU it is a
         # numpy view: torch.as_strided releases the GIL, and with a dispatcher thread
         # waiting for it each call became a thread switch (issue 7).
-        if staged is None:
-            data, step, from_numpy, ndarray = buf.data, buf.data.strides[0], torch.from_numpy, np.ndarray
+        sizes_hw = buf.sizes.tolist()
+        special = {**buf.oversize, **replacements}    # slot -> an (h, w, 3) image outside the buffer
 
-            def view(slot, h, w):
-                return from_numpy(ndarray((3, h, w), np.uint8, data, slot * step, (1, 3 * w, 3)))
+        def apart(slot):
+            return torch.from_numpy(np.require(special[slot], np.uint8, ["C", "W"])).to(device).permute(2, 0, 1)
+
+        # Each list is made without a Python call per image in the buffer.
+        if staged is None:
+            data, step = buf.data, buf.data.strides[0]
+            from_numpy, ndarray, uint8 = torch.from_numpy, np.ndarray, np.uint8
+            if not special and len(keep) == pending.count:    # the common case
+                views = [from_numpy(ndarray((3, h, w), uint8, data, slot * step, (1, 3 * w, 3)))
+                         for slot, (h, w) in enumerate(sizes_hw[:pending.count])]
+            else:
+                views = [apart(slot) if slot in special else
+                         from_numpy(ndarray((3, h, w), uint8, data, slot * step, (1, 3 * w, 3)))
+                         for slot, (h, w) in zip(keep, map(sizes_hw.__getitem__, keep))]
         else:
             row0, row_stride, as_strided = staged.storage_offset(), staged.stride(0), torch.as_strided
-
-            def view(slot, h, w):
-                return as_strided(staged, (3, h, w), (1, 3 * w, 3), row0 + slot * row_stride)
-        sizes_hw = buf.sizes.tolist()
-        if staged is None and not replacements and not buf.oversize and len(keep) == pending.count:
-            # The common case, without a call per image.
-            uint8 = np.uint8
-            views = [from_numpy(ndarray((3, h, w), uint8, data, slot * step, (1, 3 * w, 3)))
-                     for slot, (h, w) in enumerate(sizes_hw[:pending.count])]
-        elif not replacements and not buf.oversize:
-            views = [view(slot, h, w) for slot, (h, w) in zip(keep, map(sizes_hw.__getitem__, keep))]
-        else:
-            special = {**buf.oversize, **replacements}
-            views = [torch.from_numpy(np.require(special[slot], np.uint8, ["C", "W"])).to(device).permute(2, 0, 1)
-                     if slot in special else view(slot, *sizes_hw[slot]) for slot in keep]
+            views = [apart(slot) if slot in special else
+                     as_strided(staged, (3, h, w), (1, 3 * w, 3), row0 + slot * row_stride)
+                     for slot, (h, w) in zip(keep, map(sizes_hw.__getitem__, keep))]
         # Every slot kept (keep is in slot order): a slice; indexing by the list converts each entry.
         rows = slice(0, pending.count) if len(keep) == pending.count else keep
         sizes = torch.from_numpy(buf.sizes[rows].copy())

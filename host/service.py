@@ -34,6 +34,7 @@ import collections
 import contextlib
 import logging
 import numbers
+import operator
 import os
 import queue
 import threading
@@ -147,6 +148,7 @@ class ServiceStats:
 
 
 _STOP = object()
+_job_id = operator.itemgetter(0)             # of a job tuple (DecoderDevice.submit_many's)
 
 
 class _Dispatcher(threading.Thread):
@@ -442,7 +444,10 @@ class _Dispatcher(threading.Thread):
                 taken.append(item)
                 size = len(data)
                 src.sync_to_device(size)
-                jobs.append(((next_id + len(jobs)) & 0xFFFFFFFF, src.device_address, size, out_addr, cap))
+                job_id = next_id + len(jobs)
+                if job_id >> 32:              # wrapped (a mask costs an allocation on ints of 2^30 or more)
+                    job_id &= 0xFFFFFFFF
+                jobs.append((job_id, src.device_address, size, out_addr, cap))
         except BaseException:
             # Nothing is queued yet: the buffers go back (spill rooms in reverse, so all
             # of them), the fault path sends the items (self.current) to the CPU.
@@ -459,9 +464,7 @@ class _Dispatcher(threading.Thread):
             queued = len(jobs)
             raise
         finally:
-            inflight = self.inflight
-            for job, entry in zip(jobs[:queued], held):
-                inflight[job[0]] = entry
+            self.inflight.update(zip(map(_job_id, jobs[:queued]), held))   # job id -> its entry
             self.next_id = (next_id + queued) & 0xFFFFFFFF
             self.current = held[queued:] + later or None   # (task, data, ...) as items
         for item, (_, _, src, dst, _) in reversed(list(zip(taken[queued:], held[queued:]))):
