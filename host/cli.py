@@ -815,6 +815,9 @@ def _cmd_records(args: argparse.Namespace) -> int:
 
     if args.action == "write":
         src = Path(args.src)
+        if not args.src:                      # Path("") is ".": the current folder, which nobody meant
+            print("dlbooster records write: SRC is empty: give the folder of images to write", file=sys.stderr)
+            return 2
         if not src.is_dir():
             print(f"dlbooster records write: {src}: {'not a folder' if src.exists() else 'no such folder'}",
                   file=sys.stderr)

@@ -798,6 +798,8 @@ def test_records_write_refusals_and_interruption(tmp_path, monkeypatch):
     shutil.rmtree(src / "val")
     (tmp_path / "afile").write_text("")
     os.symlink(tmp_path / "gone", tmp_path / "dangling")
+    code, out, err = _cli("records", "write", "", str(tmp_path / "out"))
+    assert (code, out, err) == (2, "", "dlbooster records write: SRC is empty: give the folder of images to write\n")
     for out_arg, message in (("", "OUT is empty: give the folder to write the records to"),
                              (str(tmp_path / "afile"), f"{tmp_path / 'afile'}: not a folder"),
                              (str(tmp_path / "dangling"), f"{tmp_path / 'dangling'}: not a folder")):
