@@ -30,6 +30,7 @@ without an object and a call per image.)
 
 from __future__ import annotations
 
+import abc
 import collections
 import contextlib
 import logging
@@ -101,7 +102,7 @@ class Task:
     read: Callable[[], bytes] | None = None
 
 
-class _BatchDone:
+class _BatchDone(abc.ABC):
     """Base of a ``done`` callable shared by many tasks (the Loader's batches) that also
     takes the tasks a device decoded into their slots in one call, :meth:`ok_many`,
     instead of one ``done(task, outcome)`` call per task: their outcome is ``ok`` with
@@ -112,11 +113,13 @@ class _BatchDone:
 
     __slots__ = ()
 
+    @abc.abstractmethod
     def __call__(self, task: Task, outcome: Outcome) -> None:
-        raise NotImplementedError
+        """One task's outcome."""
 
+    @abc.abstractmethod
     def ok_many(self, tasks: list[Task]) -> None:
-        raise NotImplementedError
+        """Tasks the requested backend decoded into their slots (outcome ``ok``)."""
 
 
 @dataclass
@@ -148,6 +151,9 @@ class ServiceStats:
 
 
 _STOP = object()
+# A file's identity for its kept pre-screen verdict (DecodeService._screen): device, inode,
+# size, modification and status-change times; a C call, no Python frame per file.
+_identity = operator.attrgetter("st_dev", "st_ino", "st_size", "st_mtime_ns", "st_ctime_ns")
 _job_id = operator.itemgetter(0)             # of a job tuple (DecoderDevice.submit_many's)
 
 
@@ -258,11 +264,7 @@ class _Dispatcher(threading.Thread):
         """``into`` of :func:`~dlbooster.backends.read_file`: files are read straight
         into a staging buffer (None when the transport's memory is full: bytes then).
         The buffer taken is left in ``self.reading``."""
-        staging = self.staging
         try:
-            if staging and staging[0].size >= size:   # _staging's choice (the first spare that fits), without its call
-                self.reading = buf = staging.pop(0)
-                return buf.array
             self.reading = self._staging(size)
         except Exception:
             # Full memory, or a transport fault, which is not the file's: it is read into
@@ -334,12 +336,7 @@ class _Dispatcher(threading.Thread):
                 task = pending[0]             # popped once read: an exit in the read leaves it pending
                 self.reading = None
                 try:
-                    if task.read is None:     # a file: DecodeService._read_input's path, without its call
-                        data, st = read_file(task.path, into)
-                        if not data:
-                            raise DecodeError("undecodable", "empty file", task.path)
-                    else:
-                        data, st = service._read_input(task, into)
+                    data, st = service._read_input(task, into)
                 except Exception as exc:  # never lose a task to a fault
                     data, st = None, exc
                 read.append((pending.popleft(), data, st, self.reading))
@@ -354,8 +351,7 @@ class _Dispatcher(threading.Thread):
                     service._error(task, st, "pre-screen")
                 item = None
             elif st is not None and (cached := screens.get(task.path)) is not None and cached[1] is None \
-                    and cached[4] is None \
-                    and cached[0] == (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns):
+                    and cached[4] is None and cached[0] == _identity(st):
                 # A file whose kept verdict is the device's, bytes as read: _screen's
                 # common case, without its call.
                 items.append((task, data, cached[2], cached[3], src))
@@ -829,7 +825,7 @@ class DecodeService:
         item's ``src`` is then None); the verdict is the rewritten file's.
         """
         try:
-            key = (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns) if st is not None else None
+            key = _identity(st) if st is not None else None
             cached = self._screens.get(task.path) if key is not None else None
             if cached is None or cached[0] != key:
                 # The device checks the entropy-coded data itself: headers suffice here.

@@ -438,10 +438,13 @@ def _check_script(name: str, calls: list[list[str]], board: Board, ports: dict, 
                         f"(create_project -part: {', '.join(_option(calls, 'create_project', '-part')) or 'none'})")
     if not _called(calls, "ipx::package_project"):
         problems.append(f"{name}: does not package the IP")
-    elif (_option(calls, "ipx::package_project", "-vendor")[:1], _option(calls, "ipx::package_project", "-library")[:1],
-          _called(calls, "set_property", "name", ip_name), _called(calls, "set_property", "version", version)) != \
-            ([vendor], [library], True, True):
-        problems.append(f"{name}: the packaged IP is not {VLNV}")
+    else:
+        packaged = (_option(calls, "ipx::package_project", "-vendor") == [vendor]
+                    and _option(calls, "ipx::package_project", "-library") == [library]
+                    and _called(calls, "set_property", "name", ip_name)
+                    and _called(calls, "set_property", "version", version))
+        if not packaged:
+            problems.append(f"{name}: the packaged IP is not {VLNV}")
     for pin in ("s_axi_control", "m_axi_gmem", "interrupt"):
         used = any(word == f"decoder/{pin}" for call in calls for word in call[1:])
         if used and not any(p == pin or p.startswith(pin + "_") for p in ports):
