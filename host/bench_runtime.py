@@ -9,7 +9,9 @@
   per batch. Host cost is the process CPU time over the timed epochs, less what the
   instrument spends playing the device and less the file reads (timed where they
   happen, reported apart), divided by the images; the CPU time of each thread
-  (iterating thread, dispatchers) per image is recorded too.
+  (iterating thread, dispatchers) per image is recorded too. Epochs where the
+  instrument writes the pixels alternate with control epochs where it writes none
+  (:func:`bench_host` says which the goal is judged on, and why).
 - ``bench loader``: images/s of ``dlbooster.Loader`` with the ``cpu`` backend and the
   device-side train transform versus torchvision ``ImageFolder`` +
   ``DataLoader(num_workers=2)`` with the equivalent transform, same files, same run, in
@@ -87,20 +89,39 @@ def host_loader(files: list[tuple[str, bytes]], *, batch_size: int = 64, lanes: 
 
 
 def bench_host(files: list[tuple[str, bytes]], *, batch_size: int = 64, epochs: int = 3,
-               lanes: int = 4, cpu_workers: int = 1, pixels: bool = True) -> dict:
+               lanes: int = 4, cpu_workers: int = 1) -> dict:
     """Host CPU microseconds per image of the runtime driving an instant device.
 
-    ``pixels=False`` runs the control instrument (no pixel writes): the difference from
-    a normal run is what the instrument's own memory traffic adds to the host's CPU
-    time. The goal (20 us) is judged on normal runs only (``goal_met`` None otherwise).
+    After one warm-up epoch, ``epochs`` rounds of two timed epochs each, in alternating
+    order (the machine's drift falls on both alike): one where the instrument writes
+    each image's pixels into its batch slot, and one with the control instrument, which
+    writes none (:class:`~dlbooster.instant.InstantTransport`'s ``pixels``). The host
+    runs the same code either way (the same instructions: ``scripts/host_instructions.py
+    [--no-pixels]``), but the pixel writes (about 1.2 MB of memory traffic per ImageNet
+    photo) run on the host's own cores and evict its working set from their caches,
+    which a device's DMA, writing without the CPU, does not; so the goal (20 us per
+    image, issue 7) is judged on the control epochs, and the epochs with pixel writes are
+    reported beside them (docs/benchmarks.md).
+
+    Returns:
+        A dict: ``epochs`` (one row per timed epoch: ``pixels``, wall and CPU seconds,
+        the instrument's and the file reads' seconds, ``host_us_per_image``, thread CPU
+        microseconds per image by thread name), ``host_us_per_image`` and
+        ``with_reads_us_per_image`` (medians of the control epochs),
+        ``with_pixel_writes_us_per_image`` (median of the others), ``goal_met``.
+
+    Raises:
+        ValueError: no input decodes.
     """
     import numpy as np
 
-    loader, transport = host_loader(files, batch_size=batch_size, lanes=lanes, cpu_workers=cpu_workers,
-                                    pixels=pixels)
+    loader, transport = host_loader(files, batch_size=batch_size, lanes=lanes, cpu_workers=cpu_workers)
     rows = []
     try:
-        for epoch in range(epochs + 1):       # epoch 0 warms up (page cache, first-use costs)
+        # Epoch 0 (pixels written) warms up: page cache, first-use costs, every slot written once.
+        plan = [True] + [pixels for n in range(epochs) for pixels in ((False, True) if n % 2 == 0 else (True, False))]
+        for epoch, pixels in enumerate(plan):
+            transport.pixels = pixels
             loader.set_epoch(epoch)
             device0, read0 = transport.device_seconds, loader.service.stats.read_seconds
             threads0 = _thread_cpu()
@@ -113,7 +134,7 @@ def bench_host(files: list[tuple[str, bytes]], *, batch_size: int = 64, epochs: 
             device_s = transport.device_seconds - device0
             read_s = loader.service.stats.read_seconds - read0
             if epoch:
-                rows.append({"epoch": epoch, "images": images, "wall_s": wall, "cpu_s": cpu_s,
+                rows.append({"epoch": epoch, "pixels": pixels, "images": images, "wall_s": wall, "cpu_s": cpu_s,
                              "instrument_s": device_s, "read_s": read_s,
                              "host_us_per_image": (cpu_s - device_s - read_s) / images * 1e6,
                              "with_reads_us_per_image": (cpu_s - device_s) / images * 1e6,
@@ -123,13 +144,17 @@ def bench_host(files: list[tuple[str, bytes]], *, batch_size: int = 64, epochs: 
     finally:
         loader.close()
     parse = _time_prescreen(files)
-    host_us = float(np.median([r["host_us_per_image"] for r in rows]))
-    with_reads = float(np.median([r["with_reads_us_per_image"] for r in rows]))
+
+    def median(key: str, pixels: bool) -> float:
+        return float(np.median([r[key] for r in rows if r["pixels"] == pixels]))
+
+    host_us = median("host_us_per_image", False)
     return {"kind": "host", "files": len(files), "images": len(loader.samples), "batch_size": batch_size,
-            "lanes": lanes, "cpu_workers": cpu_workers, "pixels": pixels, "epochs": rows, "outcomes": outcomes,
-            "host_us_per_image": host_us, "with_reads_us_per_image": with_reads,
+            "lanes": lanes, "cpu_workers": cpu_workers, "epochs": rows, "outcomes": outcomes,
+            "host_us_per_image": host_us, "with_reads_us_per_image": median("with_reads_us_per_image", False),
+            "with_pixel_writes_us_per_image": median("host_us_per_image", True),
             "prescreen_us_per_image": parse,
-            "goal_us_per_image": 20.0, "goal_met": host_us <= 20.0 if pixels else None}
+            "goal_us_per_image": 20.0, "goal_met": host_us <= 20.0}
 
 
 def _thread_cpu() -> dict[str, float]:

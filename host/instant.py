@@ -77,7 +77,8 @@ class InstantTransport:
             photo) can also evict the host's own data from the CPU caches, which the
             control separates from the host's cost (docs/benchmarks.md, issue 7). The
             host's own work is the same either way, copies of unwritten buffers
-            included.
+            included. The attribute may be changed between jobs (``bench host``
+            alternates it by epoch).
     """
 
     name = "instant"

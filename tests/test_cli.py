@@ -509,6 +509,29 @@ def test_bench_without_inputs_says_so(tmp_path, capsys):
         assert message in capsys.readouterr().err, argv
 
 
+def test_bench_host_alternates_the_instrument_and_judges_the_control(tmp_path, capsys):
+    """bench host runs a warm-up, then rounds of one epoch with the instrument writing
+    pixels and one control epoch, in alternating order; the goal is judged on the
+    control epochs' median, and both figures are printed and written."""
+    for n in range(3):
+        (tmp_path / f"{n}.jpg").write_bytes(make_jpeg(40 + 8 * n, 24, subsampling=n))
+    out = tmp_path / "host.json"
+    assert main(["bench", "host", str(tmp_path), "--epochs", "3", "--batch-size", "2", "--json", str(out)]) == 0
+    printed = capsys.readouterr().out
+    result = json.loads(out.read_text())
+    rows = result["epochs"]
+    assert [r["pixels"] for r in rows] == [False, True, True, False, False, True]
+    assert [r["epoch"] for r in rows] == list(range(1, 7)) and all(r["images"] == 3 for r in rows)
+    control = sorted(r["host_us_per_image"] for r in rows if not r["pixels"])
+    written = sorted(r["host_us_per_image"] for r in rows if r["pixels"])
+    assert result["host_us_per_image"] == pytest.approx(control[1])
+    assert result["with_pixel_writes_us_per_image"] == pytest.approx(written[1])
+    assert result["goal_met"] == (control[1] <= 20.0)
+    assert printed.count("no (control)") == 3 and "thread CPU, last control epoch" in printed
+    assert f"host cost {control[1]:.1f} us/image without file reads" in printed
+    assert f"{written[1]:.1f} without file reads in the epochs where the instrument writes" in printed
+
+
 def test_an_interrupted_png_write_leaves_no_file(tmp_path, monkeypatch):
     """decode --out: Ctrl-C or SIGTERM mid-write left a truncated PNG under its final name."""
     from dlbooster import cli
