@@ -83,19 +83,25 @@ class BatchBuffer:
 
     def spill(self, nbytes: int, allocate) -> SpillBuffer | None:
         """Room for one image larger than a slot, in device memory that stays with this
-        buffer until :meth:`clear` (page aligned; when the chunks so far are full, a new
-        chunk of at least 8 MiB, in whole MiB, is allocated with ``allocate`` and kept for
-        later batches). None when that chunk would take the area past ``spill_limit``.
+        buffer until :meth:`clear` (page aligned, in the chunk with the least room that
+        fits it, so a small image does not take the room a larger one of the same batch
+        needs; when no chunk fits, a new chunk of at least 8 MiB, in whole MiB, is
+        allocated with ``allocate`` and kept for later batches). None when that chunk
+        would take the area past ``spill_limit``.
 
         Raises:
             MemoryError: ``allocate`` found no room.
         """
         span = -(-nbytes // _PAGE) * _PAGE
+        best = None
         for chunk in self.spills:
-            handle, used = chunk
-            if handle.size - used >= span:
-                chunk[1] = used + span
-                return SpillBuffer(chunk, used, nbytes, span)
+            room = chunk[0].size - chunk[1]
+            if span <= room and (best is None or room < best[0].size - best[1]):
+                best = chunk
+        if best is not None:
+            used = best[1]
+            best[1] = used + span
+            return SpillBuffer(best, used, nbytes, span)
         size = max(8 << 20, -(-span // (1 << 20)) << 20)
         if sum(handle.size for handle, _ in self.spills) + size > self.spill_limit:
             return None

@@ -1800,6 +1800,12 @@ def test_spill_rooms_come_back_in_reverse_order_and_on_clear():
     assert buf.spill(8 << 20, Handle).offset == 0 and buf.spills[0][1] == 8 << 20
     assert buf.spill(9 << 20, Handle).offset == 0 and len(buf.spills) == 2
     assert buf.spill(4 << 20, Handle) is None and len(buf.spills) == 2
+    # The smallest chunk that fits: a small image first must not take the room a larger
+    # one of the same batch needs (first fit put it in the 9 MiB chunk and declined the 9 MiB image).
+    buf.clear()
+    buf.spills.reverse()                       # [9 MiB, 8 MiB]
+    small = buf.spill(3 << 20, Handle)
+    assert small.chunk is buf.spills[1] and buf.spill(9 << 20, Handle).chunk is buf.spills[0]
 
 
 @pytest.mark.parametrize("device_memory", [True, False], ids=["spill", "host_slots"])
