@@ -6,12 +6,12 @@
   timed. Batches stay on the CPU as per-image views of the batch buffer, and the
   transform, which a GPU system runs on the GPU, is replaced by ``len`` (the views are
   made, nothing is computed on them); the copy to a GPU would be one asynchronous call
-  per batch. Host cost is the process CPU time over the timed epochs, less what the
-  instrument spends playing the device and less the file reads (timed where they
-  happen, reported apart), divided by the images; the CPU time of each thread
-  (iterating thread, dispatchers) per image is recorded too. Epochs where the
-  instrument writes the pixels alternate with control epochs where it writes none
-  (:func:`bench_host` says which the goal is judged on, and why).
+  per batch. An epoch's host cost is its process CPU time, less what the instrument
+  spends playing the device and less the file reads (timed where they happen,
+  reported apart), divided by its images; the CPU time of each thread (iterating
+  thread, dispatchers) per image is recorded too. Epochs where the instrument writes
+  the pixels alternate with control epochs where it writes none; the medians of each
+  kind are reported (:func:`bench_host` says which the goal is judged on, and why).
 - ``bench loader``: images/s of ``dlbooster.Loader`` with the ``cpu`` backend and the
   device-side train transform versus torchvision ``ImageFolder`` +
   ``DataLoader(num_workers=2)`` with the equivalent transform, same files, same run, in
@@ -88,73 +88,96 @@ def host_loader(files: list[tuple[str, bytes]], *, batch_size: int = 64, lanes: 
     return loader, transport
 
 
+JUDGED_ON = "control epochs (the instrument writes no pixels)"
+
+
 def bench_host(files: list[tuple[str, bytes]], *, batch_size: int = 64, epochs: int = 3,
                lanes: int = 4, cpu_workers: int = 1) -> dict:
     """Host CPU microseconds per image of the runtime driving an instant device.
 
-    After one warm-up epoch, ``epochs`` rounds of two timed epochs each, in alternating
-    order (the machine's drift falls on both alike): one where the instrument writes
-    each image's pixels into its batch slot, and one with the control instrument, which
-    writes none (:class:`~dlbooster.instant.InstantTransport`'s ``pixels``). The host
-    runs the same code either way (the same instructions: ``scripts/host_instructions.py
-    [--no-pixels]``), but the pixel writes (about 1.2 MB of memory traffic per ImageNet
-    photo) run on the host's own cores and evict its working set from their caches,
-    which a device's DMA, writing without the CPU, does not; so the goal (20 us per
-    image, issue 7) is judged on the control epochs, and the epochs with pixel writes are
-    reported beside them (docs/benchmarks.md).
+    After one warm-up epoch (pixels written), ``epochs`` rounds of two timed epochs each,
+    in alternating order so that the machine's drift falls on both alike: one where the
+    instrument writes each image's pixels into its batch slot, and a control epoch where
+    it writes none (:class:`~dlbooster.instant.InstantTransport`'s ``pixels``). Both
+    epochs of a round use the same shuffle (``set_epoch(round)``), so the two kinds see
+    the same batches. The host runs the same code in both; the instrument's pixel writes
+    (about 1.2 MB of memory traffic per ImageNet photo, on the host's own cores, where a
+    device's DMA runs without them) add to the host's figure through the caches and
+    through the subtraction of the instrument's own time (about 60 us per image against
+    5 in a control epoch). The control figure is the host's cost beside an idealised DMA,
+    a lower bound; the other, an upper bound. The goal (20 us per image, issue 7) is
+    judged on the control epochs (``judged_on``), and both figures are reported
+    (docs/benchmarks.md).
 
     Returns:
-        A dict: ``epochs`` (one row per timed epoch: ``pixels``, wall and CPU seconds,
-        the instrument's and the file reads' seconds, ``host_us_per_image``, thread CPU
-        microseconds per image by thread name), ``host_us_per_image`` and
-        ``with_reads_us_per_image`` (medians of the control epochs),
-        ``with_pixel_writes_us_per_image`` (median of the others), ``goal_met``.
+        A dict: ``epochs`` (one row per timed epoch: ``round``, ``pixels``, wall and CPU
+        seconds, the instrument's and the file reads' seconds, ``host_us_per_image``,
+        thread CPU microseconds and context switches per image by thread name); medians over the control
+        epochs (``host_us_per_image``, ``with_reads_us_per_image``) and over the others
+        (``with_pixel_writes_us_per_image``, ``with_pixel_writes_and_reads_us_per_image``);
+        ``thread_cpu_us_per_image`` and ``context_switches_per_image``: per kind
+        (``control``, ``pixels``), each thread's median; ``goal_met`` (control) and
+        ``goal_met_with_pixel_writes``.
 
     Raises:
-        ValueError: no input decodes.
+        ValueError: ``epochs`` below 1; no input decodes.
     """
     import numpy as np
 
+    if epochs < 1:
+        raise ValueError(f"epochs must be at least 1, not {epochs}")
     loader, transport = host_loader(files, batch_size=batch_size, lanes=lanes, cpu_workers=cpu_workers)
     rows = []
     try:
-        # Epoch 0 (pixels written) warms up: page cache, first-use costs, every slot written once.
-        plan = [True] + [pixels for n in range(epochs) for pixels in ((False, True) if n % 2 == 0 else (True, False))]
-        for epoch, pixels in enumerate(plan):
+        plan = [(0, True)] + [(r, pixels) for r in range(1, epochs + 1)
+                              for pixels in ((False, True) if r % 2 else (True, False))]
+        for n, (round_, pixels) in enumerate(plan):
             transport.pixels = pixels
-            loader.set_epoch(epoch)
+            loader.set_epoch(round_)
             device0, read0 = transport.device_seconds, loader.service.stats.read_seconds
-            threads0 = _thread_cpu()
+            threads0, switches0 = _thread_cpu(), _context_switches()
             cpu0, wall0 = time.process_time(), time.perf_counter()
             images = sum(len(batch[1]) for batch in loader)
             cpu_s = time.process_time() - cpu0
             threads = {name: (t - threads0[name]) / images * 1e6
                        for name, t in _thread_cpu().items() if name in threads0}
+            switches = {name: (c - switches0[name]) / images
+                        for name, c in _context_switches().items() if name in switches0}
             wall = time.perf_counter() - wall0
             device_s = transport.device_seconds - device0
             read_s = loader.service.stats.read_seconds - read0
-            if epoch:
-                rows.append({"epoch": epoch, "pixels": pixels, "images": images, "wall_s": wall, "cpu_s": cpu_s,
+            if n:
+                rows.append({"round": round_, "pixels": pixels, "images": images, "wall_s": wall, "cpu_s": cpu_s,
                              "instrument_s": device_s, "read_s": read_s,
                              "host_us_per_image": (cpu_s - device_s - read_s) / images * 1e6,
                              "with_reads_us_per_image": (cpu_s - device_s) / images * 1e6,
-                             "thread_cpu_us_per_image": threads,
+                             "thread_cpu_us_per_image": threads, "context_switches_per_image": switches,
                              "images_per_s": images / wall})
         outcomes = dict(loader.stats().outcomes)
     finally:
         loader.close()
     parse = _time_prescreen(files)
+    control = [r for r in rows if not r["pixels"]]
+    written = [r for r in rows if r["pixels"]]
 
-    def median(key: str, pixels: bool) -> float:
-        return float(np.median([r[key] for r in rows if r["pixels"] == pixels]))
+    def median(key: str, kind: list[dict]) -> float:
+        return float(np.median([r[key] for r in kind]))
 
-    host_us = median("host_us_per_image", False)
+    def thread_medians(kind: list[dict], key: str) -> dict[str, float]:
+        names = set.intersection(*(set(r[key]) for r in kind))
+        return {name: float(np.median([r[key][name] for r in kind])) for name in sorted(names)}
+
+    host_us, written_us = median("host_us_per_image", control), median("host_us_per_image", written)
     return {"kind": "host", "files": len(files), "images": len(loader.samples), "batch_size": batch_size,
-            "lanes": lanes, "cpu_workers": cpu_workers, "epochs": rows, "outcomes": outcomes,
-            "host_us_per_image": host_us, "with_reads_us_per_image": median("with_reads_us_per_image", False),
-            "with_pixel_writes_us_per_image": median("host_us_per_image", True),
-            "prescreen_us_per_image": parse,
-            "goal_us_per_image": 20.0, "goal_met": host_us <= 20.0}
+            "lanes": lanes, "cpu_workers": cpu_workers, "rounds": epochs, "timed_epochs": len(rows),
+            "epochs": rows, "outcomes": outcomes,
+            "host_us_per_image": host_us, "with_reads_us_per_image": median("with_reads_us_per_image", control),
+            "with_pixel_writes_us_per_image": written_us,
+            "with_pixel_writes_and_reads_us_per_image": median("with_reads_us_per_image", written),
+            **{key: {"control": thread_medians(control, key), "pixels": thread_medians(written, key)}
+               for key in ("thread_cpu_us_per_image", "context_switches_per_image")},
+            "prescreen_us_per_image": parse, "judged_on": JUDGED_ON,
+            "goal_us_per_image": 20.0, "goal_met": host_us <= 20.0, "goal_met_with_pixel_writes": written_us <= 20.0}
 
 
 def _thread_cpu() -> dict[str, float]:
@@ -169,6 +192,22 @@ def _thread_cpu() -> dict[str, float]:
             out[thread.name] = time.clock_gettime(time.pthread_getcpuclockid(thread.ident))
         except (OSError, TypeError):          # the thread ended meanwhile
             continue
+    return out
+
+
+def _context_switches() -> dict[str, int]:
+    """Context switches so far (voluntary and not) of each live thread by name, from
+    ``/proc/self/task/TID/status`` (Linux; empty elsewhere): a thread hand-off the
+    instrument's copies might add shows here."""
+    import threading
+
+    out = {}
+    for thread in threading.enumerate():
+        try:
+            status = Path(f"/proc/self/task/{thread.native_id}/status").read_text()
+        except (OSError, TypeError):          # not Linux, or the thread ended meanwhile
+            continue
+        out[thread.name] = sum(int(line.split()[1]) for line in status.splitlines() if "ctxt_switches:" in line)
     return out
 
 

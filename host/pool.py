@@ -53,8 +53,10 @@ class BatchBuffer:
         copied: CUDA event recorded after the last host-to-device copy from ``host``,
             or None; the pool waits on it before the buffer is filled again.
         spills: the spill area's chunks, ``[transport buffer, bytes used]`` each.
-        spill_limit: the most bytes of chunks the spill area keeps (16 MiB): beyond it,
-            :meth:`spill` declines and the image takes the allocating path.
+        spill_limit: the most bytes of chunks the spill area keeps (16 MiB here;
+            :class:`BatchPool` sets an eighth of the buffer's slot memory, at least
+            16 MiB): beyond it, :meth:`spill` declines and the image takes the
+            allocating path.
         registered: transport memory that ``cudaHostRegister`` pinned (unregistered on
             :meth:`BatchPool.close`).
         slot_bytes: bytes per slot (``data.shape[1]``).
@@ -83,11 +85,15 @@ class BatchBuffer:
 
     def spill(self, nbytes: int, allocate) -> SpillBuffer | None:
         """Room for one image larger than a slot, in device memory that stays with this
-        buffer until :meth:`clear` (page aligned, in the chunk with the least room that
-        fits it, so a small image does not take the room a larger one of the same batch
-        needs; when no chunk fits, a new chunk of at least 8 MiB, in whole MiB, is
-        allocated with ``allocate`` and kept for later batches). None when that chunk
-        would take the area past ``spill_limit``.
+        buffer until :meth:`clear` (page aligned; when no chunk has room, a new chunk of
+        at least 8 MiB, in whole MiB, is allocated with ``allocate`` and kept for later
+        batches). None when that chunk would take the area past ``spill_limit``.
+
+        Placement is best fit, the chunk with the least room that fits: a heuristic. It
+        keeps a small image out of the one chunk a larger image of the same batch needs
+        (first fit declined the second of a 4 MB and an 11 MB image in a buffer holding
+        11 and 8 MiB chunks), though an order exists for which first fit packs better
+        (5, 7 then 8 MiB into empty 12 and 8 MiB chunks); images arrive one at a time.
 
         Raises:
             MemoryError: ``allocate`` found no room.

@@ -11,8 +11,8 @@ the warm-up epoch this script switches it on (``callgrind_control -i on``), and 
 again after ``--epochs`` timed epochs, before the interpreter's exit. Counted: every
 thread; reported: instructions per image, in all and less ``memcpy`` and ``crc32`` (the
 instrument's pixel writes and content keys, which a device's DMA would do). ``--no-pixels``
-runs the control instrument, as ``dlbooster bench host --no-pixels`` does: the same
-host path, no pixel writes.
+runs the control instrument of ``dlbooster bench host``'s control epochs: the same host
+path, no pixel writes.
 
 Needs valgrind (``callgrind_control``, ``callgrind_annotate``) and the corpus
 (``DLBOOSTER_CORPUS`` or ../shared/corpus). Takes a few minutes (decoding the photos
@@ -58,7 +58,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--epochs", type=int, default=5)
     parser.add_argument("--no-pixels", dest="pixels", action="store_false",
-                        help="the control instrument: no pixel writes (as bench host --no-pixels)")
+                        help="the control instrument: no pixel writes (as in bench host's control epochs)")
     parser.add_argument("--json", metavar="FILE")
     parser.add_argument("--child", metavar="MARKS", help=argparse.SUPPRESS)
     args = parser.parse_args()

@@ -1340,11 +1340,14 @@ def test_sim_two_devices_at_once(sim_source):
 # The instant device (benchmark instrument) under the real runtime, and bench host
 
 
-def test_instant_device_batches_equal_pillow_and_bench_host_accounts(tiny_source):
+def test_instant_device_batches_equal_pillow_and_bench_host_accounts(tiny_source, monkeypatch):
     """The host-cost benchmark's instrument must deliver Pillow's pixels through the real
     driver and service (else the benchmark would time a broken path), and the benchmark
-    must account every image, the time its files took to read and the instrument's work."""
-    from dlbooster.bench_runtime import bench_host
+    must account every image, the time its files took to read and the instrument's work,
+    alternate the instrument's pixel writes by epoch as its rows say, and give both
+    epochs of a round the same batches."""
+    from dlbooster.bench_runtime import JUDGED_ON, bench_host
+    from dlbooster.hw.regs import Reg
     from dlbooster.instant import InstantBackend, InstantTransport
 
     transport = InstantTransport(lanes=2, job_depth=4)
@@ -1359,9 +1362,24 @@ def test_instant_device_batches_equal_pillow_and_bench_host_accounts(tiny_source
         assert loader.service.stats.jobs == len(tiny_source)
     assert transport.device_seconds > 0
 
+    jobs = []                                  # (pixels, input length) of every job the instrument runs
+    run_job = InstantTransport._run_job
+
+    def recorded(self, staged):
+        jobs.append((self.pixels, staged[Reg.JOB_IN_LEN]))
+        run_job(self, staged)
+    monkeypatch.setattr(InstantTransport, "_run_job", recorded)
     result = bench_host(files, batch_size=4, epochs=2, lanes=2)
     # Two rounds after the warm-up, each a control epoch and one with pixel writes, alternating in order.
-    assert result["images"] == len(files) and [r["pixels"] for r in result["epochs"]] == [False, True, True, False]
+    n = len(files)
+    assert result["images"] == n and [(r["round"], r["pixels"]) for r in result["epochs"]] == \
+        [(1, False), (1, True), (2, True), (2, False)]
+    assert result["rounds"] == 2 and result["timed_epochs"] == 4 and result["judged_on"] == JUDGED_ON
+    epochs = [jobs[e * n:(e + 1) * n] for e in range(5)]       # the warm-up, then the timed epochs
+    assert len(jobs) == 5 * n
+    assert [{pixels for pixels, _ in epoch} for epoch in epochs] == [{True}, {False}, {True}, {True}, {False}]
+    order = [[length for _, length in epoch] for epoch in epochs]
+    assert order[1] == order[2] and order[3] == order[4]      # a round's two epochs: the same shuffle
     assert result["outcomes"] == {"ok": len(files)}         # the last epoch's
     for row in result["epochs"]:
         assert row["images"] == len(files)
@@ -1372,11 +1390,23 @@ def test_instant_device_batches_equal_pillow_and_bench_host_accounts(tiny_source
         assert row["host_us_per_image"] == pytest.approx(row["with_reads_us_per_image"] - row["read_s"] * per_image)
         threads = row["thread_cpu_us_per_image"]
         assert threads["MainThread"] > 0 and threads["dlbooster-device0"] > 0
-    control = [r["host_us_per_image"] for r in result["epochs"] if not r["pixels"]]
-    written = [r["host_us_per_image"] for r in result["epochs"] if r["pixels"]]
-    assert result["host_us_per_image"] == pytest.approx(sum(control) / 2)      # medians of two
-    assert result["with_pixel_writes_us_per_image"] == pytest.approx(sum(written) / 2)
+    control = [r for r in result["epochs"] if not r["pixels"]]
+    written = [r for r in result["epochs"] if r["pixels"]]
+    assert result["host_us_per_image"] == pytest.approx(sum(r["host_us_per_image"] for r in control) / 2)   # medians of two
+    assert result["with_pixel_writes_us_per_image"] == pytest.approx(sum(r["host_us_per_image"] for r in written) / 2)
+    assert result["with_pixel_writes_and_reads_us_per_image"] == \
+        pytest.approx(sum(r["with_reads_us_per_image"] for r in written) / 2)
+    assert result["thread_cpu_us_per_image"]["control"]["MainThread"] == \
+        pytest.approx(sum(r["thread_cpu_us_per_image"]["MainThread"] for r in control) / 2)
     assert result["goal_met"] == (result["host_us_per_image"] <= 20.0)
+    assert result["goal_met_with_pixel_writes"] == (result["with_pixel_writes_us_per_image"] <= 20.0)
+    # Each row counts its threads' context switches (Linux /proc): the iterating thread waits for batches.
+    assert all(r["context_switches_per_image"]["MainThread"] >= 0 for r in result["epochs"])
+    assert sum(r["context_switches_per_image"]["MainThread"] for r in result["epochs"]) > 0
+    assert result["context_switches_per_image"]["control"]["MainThread"] == \
+        pytest.approx(sum(r["context_switches_per_image"]["MainThread"] for r in control) / 2)
+    with pytest.raises(ValueError, match="epochs must be at least 1"):
+        bench_host(files, epochs=0)
 
 
 def test_the_control_instrument_completes_alike_and_writes_no_pixels(tiny_source):
