@@ -102,9 +102,9 @@ def bench_host(files: list[tuple[str, bytes]], *, batch_size: int = 64, epochs: 
     epochs of a round use the same shuffle (``set_epoch(round)``), so the two kinds see
     the same batches. The host runs the same code in both; the instrument's pixel writes
     (about 1.2 MB of memory traffic per ImageNet photo, on the host's own cores, where a
-    device's DMA runs without them) add to the host's figure through the caches and
-    through the subtraction of the instrument's own time (about 60 us per image against
-    5 in a control epoch). The control figure is the host's cost beside an idealised DMA,
+    device's DMA runs without them) add to the host's figure: through the caches they
+    evict, and through the error of subtracting the instrument's own time (about 60 us
+    per image against 5 in a control epoch). The control figure is the host's cost beside an idealised DMA,
     a lower bound; the other, an upper bound. The goal (20 us per image, issue 7) is
     judged on the control epochs (``judged_on``), and both figures are reported
     (docs/benchmarks.md).
@@ -112,9 +112,10 @@ def bench_host(files: list[tuple[str, bytes]], *, batch_size: int = 64, epochs: 
     Returns:
         A dict: ``epochs`` (one row per timed epoch: ``round``, ``pixels``, wall and CPU
         seconds, the instrument's and the file reads' seconds, ``host_us_per_image``,
-        thread CPU microseconds and context switches per image by thread name); medians over the control
-        epochs (``host_us_per_image``, ``with_reads_us_per_image``) and over the others
-        (``with_pixel_writes_us_per_image``, ``with_pixel_writes_and_reads_us_per_image``);
+        thread CPU microseconds and context switches per image by thread name); medians
+        over the control epochs (``host_us_per_image``, ``with_reads_us_per_image``) and
+        over the others (``with_pixel_writes_us_per_image``,
+        ``with_pixel_writes_and_reads_us_per_image``);
         ``thread_cpu_us_per_image`` and ``context_switches_per_image``: per kind
         (``control``, ``pixels``), each thread's median; ``goal_met`` (control) and
         ``goal_met_with_pixel_writes``.
