@@ -827,7 +827,8 @@ def _metadata(raw: bytes, n: int, s: int, path: str) -> dict:
 
     Raises:
         RecordError: not JSON, or a field missing, of the wrong type or length, or
-            contradicting the header (image and scan counts, labels outside the classes).
+            contradicting the header (image and scan counts, labels outside the classes),
+            class names repeated, a source size of 2^63 bytes or more.
     """
     try:
         meta = json.loads(raw)
@@ -846,7 +847,11 @@ def _metadata(raw: bytes, n: int, s: int, path: str) -> dict:
     classes = meta.get("classes")
     if not isinstance(classes, list) or not all(isinstance(c, str) for c in classes):
         fail("classes must be a list of names")
-    checks = {"labels": lambda v: 0 <= v < len(classes), "source_bytes": lambda v: v >= 0,
+    if len(set(classes)) != len(classes):
+        fail("class names must differ (a label would have two names)")
+    # A source file's size fits the int64 arithmetic of ``records info`` (the writer
+    # stores what os.stat gave).
+    checks = {"labels": lambda v: 0 <= v < len(classes), "source_bytes": lambda v: 0 <= v < 1 << 63,
               "scan_counts": lambda v: 1 <= v <= s}
     for key, ok in checks.items():
         values = meta.get(key)
