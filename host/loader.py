@@ -13,6 +13,7 @@ buffer it freed before yielding.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import itertools
 import logging
@@ -112,18 +113,20 @@ class LoaderStats:
         return dict(self.__dict__)
 
 
-def _own_memory(images, data: np.ndarray):
+def _own_memory(images, regions: list[np.ndarray]):
     """A transform's output (a tensor, or a list or tuple of them) with every tensor that
-    shares memory with the batch buffer ``data`` copied: the buffer is refilled by a
-    later batch, which would overwrite a batch the consumer still holds."""
+    shares memory with one of ``regions`` (a batch buffer's slots and spill chunks)
+    copied: the buffer is refilled by a later batch, which would overwrite a batch the
+    consumer still holds."""
     import torch
 
-    lo, hi = data.ctypes.data, data.ctypes.data + data.nbytes
+    spans = [(r.ctypes.data, r.ctypes.data + r.nbytes) for r in regions]
 
     def own(t):
         if isinstance(t, torch.Tensor):
             storage = t.untyped_storage()
-            if storage.data_ptr() < hi and lo < storage.data_ptr() + storage.nbytes():
+            start, end = storage.data_ptr(), storage.data_ptr() + storage.nbytes()
+            if any(start < hi and lo < end for lo, hi in spans):
                 return t.clone()
         return t
 
@@ -181,7 +184,9 @@ class Loader:
             ``DistributedSampler(shuffle, seed, drop_last, rank, num_replicas)``
             followed by ``DataLoader(drop_last)``: ``drop_last`` also drops a final
             partial batch. ``rank``/``world_size`` default to torchrun's environment.
-        device: where batches go (``"cpu"``, ``"cuda"``, a ``torch.device``).
+        device: where batches go (``"cpu"``, ``"cuda"``, a ``torch.device``); ``"cuda"``
+            without an index is the GPU current when the Loader is made, on every thread
+            that iterates it (:attr:`device` holds the index).
         transform: a callable on a list of (3, h, w) uint8 device tensors returning a
             batch tensor (e.g. :func:`dlbooster.transforms.train_transform`; on the CPU
             an output tensor that views its inputs, a list or tuple of them included, is
@@ -268,22 +273,35 @@ class Loader:
         self.sampler = ShardSampler(len(self.samples), seed=seed, shuffle=shuffle, drop_last=drop_last,
                                     rank=rank, world_size=world_size)
         self.device = torch.device(device)
-        if self.device.type == "cuda" and not torch.cuda.is_available():
-            # Checked here: otherwise the pinned batch pool fails deep inside torch.
-            raise ValueError(f"device={device!r}, but this PyTorch sees no CUDA device (no GPU, or a CPU-only "
-                             f"build): use device='cpu'")
+        if self.device.type == "cuda":
+            if not torch.cuda.is_available():
+                # Checked here: otherwise the pinned batch pool fails deep inside torch.
+                raise ValueError(f"device={device!r}, but this PyTorch sees no CUDA device (no GPU, or a CPU-only "
+                                 f"build): use device='cpu'")
+            if self.device.index is None:
+                # Fixed now: "cuda" means the GPU current at iteration time on each thread,
+                # and the copy stream, the consumer's stream and the batch must agree.
+                self.device = torch.device("cuda", torch.cuda.current_device())
+            if self.device.index >= torch.cuda.device_count():
+                raise ValueError(f"device={device!r}, but this PyTorch sees {torch.cuda.device_count()} CUDA "
+                                 f"device(s)")
         self.transform, self.on_error, self.replace = transform, on_error, replace
         self.progress = progress and self.sampler.rank == 0
         self.service = DecodeService(backend, cpu_workers=cpu_workers, **(backend_options or {}))
+        self.pool = None
         try:
             self.trace = self.service.trace = trace
-            # No batch holds more than a rank's share of an epoch, so a larger batch size (which
-            # DataLoader accepts) reserves no slots that no batch can fill.
-            self.pool = BatchPool(max(1, min(batch_size, len(self.sampler))), 3 * slot_pixels, prefetch + 1,
-                                  allocate=self.service.allocator(),
-                                  pin=self.device.type == "cuda")
             self._copy_stream = torch.cuda.Stream(self.device) if self.device.type == "cuda" else None
+            # No batch holds more than a rank's share of an epoch, so a larger batch size (which
+            # DataLoader accepts) reserves no slots that no batch can fill. On a GPU the pages
+            # are registered with that GPU current (cudaHostRegister works on the current one).
+            with torch.cuda.device(self.device) if self.device.type == "cuda" else contextlib.nullcontext():
+                self.pool = BatchPool(max(1, min(batch_size, len(self.sampler))), 3 * slot_pixels, prefetch + 1,
+                                      allocate=self.service.allocator(),
+                                      pin=self.device.type == "cuda")
         except BaseException:
+            if self.pool is not None:
+                self.pool.close()
             self.service.close()              # its threads and a simulated device would outlive the failure
             raise
         self.report = EpochReport(self.sampler.epoch)
@@ -568,6 +586,8 @@ class Loader:
             report.replaced += 1
         device = self.device
         start = time.perf_counter()
+        special = {**buf.oversize, **replacements}    # slot -> an (h, w, 3) image outside the buffer
+        moved = {}                                    # slot -> such an image already on the device
         if self._copy_stream is not None and buf.host is not None:
             consumer = torch.cuda.current_stream(device)   # taken outside the copy stream's context
             with torch.cuda.stream(self._copy_stream):
@@ -575,7 +595,15 @@ class Loader:
                 # Allocated on the copy stream, used on the consumer's: keep its memory
                 # from the next copy until the consumer's work on it is done.
                 staged.record_stream(consumer)
-                event = torch.cuda.Event()
+                for slot in special.keys() & set(keep):
+                    # Through pinned memory, so the copy is asynchronous too (a pageable
+                    # one would wait for the consumer's stream); the pinned block is held
+                    # by PyTorch's host allocator until the copy is done.
+                    image = torch.from_numpy(np.require(special[slot], np.uint8, ["C", "W"])).pin_memory()
+                    moved[slot] = image.to(device, non_blocking=True)
+                    moved[slot].record_stream(consumer)
+                # A blocking event: the pool's wait for it (BatchPool.acquire) sleeps, not spins.
+                event = torch.cuda.Event(blocking=True)
                 event.record(self._copy_stream)
             consumer.wait_event(event)
             buf.copied = event
@@ -593,10 +621,12 @@ class Loader:
         # numpy view: torch.as_strided releases the GIL, and with a dispatcher thread
         # waiting for it each call became a thread switch (issue 7).
         sizes_hw = buf.sizes.tolist()
-        special = {**buf.oversize, **replacements}    # slot -> an (h, w, 3) image outside the buffer
 
         def apart(slot):
-            return torch.from_numpy(np.require(special[slot], np.uint8, ["C", "W"])).to(device).permute(2, 0, 1)
+            image = moved.get(slot)
+            if image is None:
+                image = torch.from_numpy(np.require(special[slot], np.uint8, ["C", "W"])).to(device)
+            return image.permute(2, 0, 1)
 
         # Each list is made without a Python call per image in the buffer.
         if staged is None:
@@ -626,13 +656,13 @@ class Loader:
         elif self.transform is not None:
             images = self.transform(views)
             if staged is None:
-                images = _own_memory(images, buf.data)
+                images = _own_memory(images, [buf.data, *(handle.array for handle, _ in buf.spills)])
         else:
             from .transforms import pad_batch
 
             try:
                 images = pad_batch(views)[0]
-            except MemoryError as exc:
+            except (MemoryError, torch.OutOfMemoryError) as exc:   # the host's, or a GPU's
                 # Name the inputs that set the padded size; the iteration ends here.
                 order = range(len(views))     # views[i] is slot keep[i]
                 tallest, widest = (self._paths[int(buf.indices[keep[max(order, key=lambda i: views[i].shape[d])]])]

@@ -166,14 +166,21 @@ def _clear_cuda_error() -> None:
 
     A failed runtime call leaves it set, and PyTorch's check after its next kernel
     launch would report it as that launch's error. PyTorch binds no
-    ``cudaGetLastError``, so it is called in the ``libcudart`` PyTorch loaded (found in
-    ``/proc/self/maps``; nothing is done where there is none).
+    ``cudaGetLastError``, so it is called in the ``libcudart`` PyTorch loaded: the one in
+    ``/proc/self/maps`` of PyTorch's CUDA major version (``libcudart.so.13`` for CUDA
+    13.x); nothing is done where there is none, since another library's runtime holds
+    another error state.
     """
     import ctypes
 
+    import torch
+
+    major = (torch.version.cuda or "").split(".")[0]
+    if not major:
+        return
     try:
         with open("/proc/self/maps") as maps:
-            path = next((line.split()[-1] for line in maps if "/libcudart.so" in line), None)
+            path = next((line.split()[-1] for line in maps if f"/libcudart.so.{major}" in line), None)
     except OSError:
         return
     if path is not None:
@@ -211,28 +218,35 @@ class BatchPool:
             pin = torch is not None and torch.cuda.is_available()
         self.pinned = bool(pin)
         self.buffers: list[BatchBuffer] = []
-        for _ in range(depth):
-            nbytes = batch_size * slot_bytes
-            if allocate is not None:
-                handle = allocate(nbytes)
-                data = handle.array[:nbytes].reshape(batch_size, slot_bytes)
-                host = torch.from_numpy(data) if torch is not None else None
-                buf = BatchBuffer(data, host, handle.device_address, handle)
-                if host is not None and pin:
-                    buf.registered = _cuda_call("cudaHostRegister", host.data_ptr(), nbytes, 0)
-                    # Unpinned, its copies are synchronous: slower, still correct.
-                    self.pinned = self.pinned and buf.registered
-            elif torch is not None:
-                host = torch.empty((batch_size, slot_bytes), dtype=torch.uint8, pin_memory=self.pinned)
-                buf = BatchBuffer(host.numpy(), host)
-            else:
-                buf = BatchBuffer(np.empty((batch_size, slot_bytes), np.uint8))
-            buf.spill_limit = max(16 << 20, nbytes // 8) if spill_limit is None else spill_limit
-            self.buffers.append(buf)
         self._free: queue.Queue[BatchBuffer] = queue.Queue()
+        self._closed = threading.Event()
+        try:
+            for _ in range(depth):
+                nbytes = batch_size * slot_bytes
+                if allocate is not None:
+                    handle = allocate(nbytes)
+                    data = handle.array[:nbytes].reshape(batch_size, slot_bytes)
+                    host = torch.from_numpy(data) if torch is not None else None
+                    buf = BatchBuffer(data, host, handle.device_address, handle)
+                    self.buffers.append(buf)      # from here close() gives its memory back
+                    if host is not None and pin:
+                        buf.registered = _cuda_call("cudaHostRegister", host.data_ptr(), nbytes, 0)
+                        # Unpinned, its copies are synchronous: slower, still correct.
+                        self.pinned = self.pinned and buf.registered
+                else:
+                    if torch is not None:
+                        host = torch.empty((batch_size, slot_bytes), dtype=torch.uint8, pin_memory=self.pinned)
+                        buf = BatchBuffer(host.numpy(), host)
+                    else:
+                        buf = BatchBuffer(np.empty((batch_size, slot_bytes), np.uint8))
+                    self.buffers.append(buf)
+                buf.spill_limit = max(16 << 20, nbytes // 8) if spill_limit is None else spill_limit
+        except BaseException:
+            # The buffers made so far: registered pages unregistered before their memory goes.
+            self.close()
+            raise
         for buf in self.buffers:
             self._free.put(buf)
-        self._closed = threading.Event()
 
     def acquire(self, timeout: float | None = None, stop: threading.Event | None = None,
                 wait_copy: bool = True) -> BatchBuffer | None:

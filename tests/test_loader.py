@@ -567,6 +567,34 @@ def test_cuda_batches_equal_the_cpu_batches(tiny_source):
                 assert gx == wx and torch.equal(gl, wl) and torch.equal(gi, wi)
 
 
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_cuda_copies_held_back_still_deliver_the_cpu_batches(tiny_source, monkeypatch):
+    """The copy stream is held back (a GPU sleep queued before each batch's copies) and
+    the batches stay on the GPU, unsynchronised, until the epoch ends: a buffer refilled
+    before its copy ran, or a consumer reading a batch before it arrived, would differ
+    from the CPU loader's batches. Slots of 16 x 16 pixels send the larger images through
+    the oversize path's pinned copies too; "cuda" is fixed to the current GPU."""
+    with make_loader(tiny_source, 2, backend="cpu", prefetch=2, slot_pixels=16 * 16) as cpu:
+        want = [(b.images.clone(), b.labels.clone(), b.indices.tolist()) for b in cpu]
+    assemble = Loader._assemble
+
+    def held_back(self, pending, report):
+        with torch.cuda.stream(self._copy_stream):
+            torch.cuda._sleep(20_000_000)
+        return assemble(self, pending, report)
+    monkeypatch.setattr(Loader, "_assemble", held_back)
+    with make_loader(tiny_source, 2, backend="cpu", prefetch=2, slot_pixels=16 * 16, device="cuda") as gpu:
+        assert gpu.device == torch.device("cuda", torch.cuda.current_device())
+        assert gpu.stats() is None and gpu.pool.pinned
+        for _ in range(2):
+            got = [(b.images, b.labels, b.indices.tolist()) for b in gpu]
+            assert gpu.stats().oversize > 0
+            torch.cuda.synchronize()
+            assert len(got) == len(want)
+            for (gi, gl, gx), (wi, wl, wx) in zip(got, want):
+                assert gx == wx and torch.equal(gl.cpu(), wl) and torch.equal(gi.cpu(), wi)
+
+
 # ---------------------------------------------------------------------------------
 # 3. Sharding: DistributedSampler + DataLoader, index for index
 
@@ -1735,6 +1763,65 @@ def test_images_larger_than_a_slot_go_to_the_spill_area_without_allocating(tmp_p
     finally:
         service.close()
         pool.close()
+
+
+def test_a_transform_view_of_the_spill_area_is_copied_before_the_buffer_is_reused(tmp_path):
+    """A transform that returns its inputs (views) gets copies of the images in the batch
+    buffer's spill area as well as of those in its slots: the spill chunks are reused by
+    the next batch in the buffer, which overwrote the images a consumer still held."""
+    from dlbooster.instant import InstantBackend, InstantTransport
+
+    paths = [str(write(tmp_path / f"{i}.jpg", gen(40 + 8 * i, 40, subsampling=i % 3, quality=70 + i)))
+             for i in range(6)]
+    transport = InstantTransport(lanes=2, job_depth=4)
+    for p in paths:
+        transport.learn(Path(p).read_bytes(), pillow_file(p)[0])
+    # Slots of 16 x 16 pixels: every image goes to the spill area; one buffer, so every
+    # batch reuses its chunks.
+    with make_loader([(p, 0) for p in paths], 2, backend=InstantBackend(transport), slot_pixels=16 * 16,
+                     prefetch=0, transform=list) as loader:
+        held = [image for images, _ in loader for image in images]
+        assert sum(len(buf.spills) for buf in loader.pool.buffers) == 1
+        assert loader.stats().oversize == len(paths)
+    for path, image in zip(paths, held):
+        assert np.array_equal(image.permute(1, 2, 0).numpy(), pillow_file(path)[0]), path
+
+
+def test_a_pool_that_fails_midway_unregisters_and_frees_what_it_made(monkeypatch):
+    """The transport's memory runs out at the third buffer: the two made so far are
+    unregistered from CUDA and then freed, in that order, before the MemoryError
+    propagates (pinned pages freed while registered leak, and a later registration at
+    the same address fails). The CUDA runtime is a stand-in: this machine has no GPU."""
+    from dlbooster.pool import BatchPool
+
+    calls = []
+
+    class Runtime:
+        def cudaHostRegister(self, ptr, size, flags):
+            calls.append(("register", ptr))
+            return 0
+
+        def cudaHostUnregister(self, ptr):
+            calls.append(("unregister", ptr))
+            return 0
+
+    class Handle:
+        made = 0
+
+        def __init__(self, size):
+            if Handle.made == 2:
+                raise MemoryError("transport memory exhausted")
+            Handle.made += 1
+            self.device_address, self.array = 1 << 32, np.zeros(size, np.uint8)
+
+        def free(self):
+            calls.append(("free", self.array.ctypes.data))
+
+    monkeypatch.setattr(torch.cuda, "cudart", Runtime)
+    with pytest.raises(MemoryError, match="exhausted"):
+        BatchPool(2, 30, 3, allocate=Handle, pin=True)
+    a, b = (ptr for kind, ptr in calls if kind == "register")
+    assert calls == [("register", a), ("register", b), ("unregister", a), ("free", a), ("unregister", b), ("free", b)]
 
 
 def test_a_transport_buffer_cuda_cannot_pin_is_used_unpinned(monkeypatch, caplog):
