@@ -364,6 +364,9 @@ def _cmd_build(args: argparse.Namespace) -> int:
         return 2
     args.max_width = args.max_width or DEFAULT_MAX_WIDTH
     args.data_width = args.data_width or 128
+    # Elaboration and Yosys take a minute or more, longer for wide line buffers: say so first.
+    print(f"dlbooster build: elaborating {args.lanes} lane(s) with {args.max_width}-pixel line buffers "
+          f"and writing Verilog (a minute or more)", file=sys.stderr, flush=True)
     device = Device(lanes=args.lanes, max_width=args.max_width, data_width=args.data_width)
     try:
         out.write_text(export_verilog(device, "dlbooster_decoder"))

@@ -21,7 +21,11 @@ def test_build_verilog_ports_and_lint(tmp_path, capsys):
 
     out = tmp_path / "decoder.v"
     assert main(["build", "--verilog", str(out), "--lanes", "2", "--max-width", "256", "--lint"]) == 0
-    assert "verilator --lint-only -Wall: clean" in capsys.readouterr().out
+    printed = capsys.readouterr()
+    assert "verilator --lint-only -Wall: clean" in printed.out
+    # The minute of elaboration is announced before it starts.
+    assert printed.err == ("dlbooster build: elaborating 2 lane(s) with 256-pixel line buffers and writing Verilog "
+                           "(a minute or more)\n")
     text = out.read_text()
     header = re.search(r"module dlbooster_decoder\((.*?)\);", text, re.S).group(1)
     ports = {p.strip() for p in header.split(",")}
