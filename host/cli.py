@@ -684,6 +684,9 @@ def _cmd_predict(args: argparse.Namespace) -> int:
             print(f"dlbooster predict: {failed}", file=sys.stderr)
             return 1
         return 0
+    if args.network is not None and args.nodes == 1:
+        print("dlbooster predict: --network is the bandwidth between nodes; with one node (--nodes 1) it is "
+              "not used", file=sys.stderr)
     try:
         profile = load_profile(args.device, procs=args.gpus)
         decoder = parse_decoder(args.decoder)

@@ -495,6 +495,14 @@ def test_cli_prints_the_breakdown(capsys):
     # A GPU's caching allocator takes no page faults: no such row, no "allocated afresh".
     assert "page faults" not in out and "afresh" not in out and "MiB of gradients\n" in out
     assert main(["predict", "--model", "resnet18", "--nodes", "2", "--device", "v100"]) == 2
+    capsys.readouterr()
+    # A network bandwidth on one node changes nothing, and says so.
+    assert main(["predict", "--model", "resnet18", "--network", "25", "--device", "v100"]) == 0
+    printed = capsys.readouterr()
+    assert printed.err == ("dlbooster predict: --network is the bandwidth between nodes; with one node "
+                           "(--nodes 1) it is not used\n")
+    assert main(["predict", "--model", "resnet18", "--device", "v100"]) == 0
+    assert capsys.readouterr().out == printed.out
 
 
 def test_cli_without_a_calibrated_profile_says_how(tmp_path, monkeypatch, capsys):
