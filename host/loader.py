@@ -120,10 +120,12 @@ def _own_memory(images, regions: list[np.ndarray]):
     consumer still holds."""
     import torch
 
-    spans = [(r.ctypes.data, r.ctypes.data + r.nbytes) for r in regions]
+    spans = []                            # made at the first tensor (.ctypes costs microseconds)
 
     def own(t):
         if isinstance(t, torch.Tensor):
+            if not spans:
+                spans.extend((r.ctypes.data, r.ctypes.data + r.nbytes) for r in regions)
             storage = t.untyped_storage()
             start, end = storage.data_ptr(), storage.data_ptr() + storage.nbytes()
             if any(start < hi and lo < end for lo, hi in spans):
