@@ -317,10 +317,10 @@ def _recode(files: list[tuple[str, bytes]], spec: str) -> tuple[list[tuple[str, 
 
 
 def _machine() -> dict:
-    import os
+    from .service import usable_cpus
 
     return {"machine": platform.machine(), "processor": platform.processor() or platform.machine(),
-            "cpus": len(os.sched_getaffinity(0)), "python": platform.python_version(),
+            "cpus": usable_cpus(), "python": platform.python_version(),
             "date": date.today().isoformat()}
 
 

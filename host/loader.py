@@ -592,23 +592,32 @@ class Loader:
         moved = {}                                    # slot -> such an image already on the device
         if self._copy_stream is not None and buf.host is not None:
             consumer = torch.cuda.current_stream(device)   # taken outside the copy stream's context
+            # A blocking event: the pool's wait for it (BatchPool.acquire) sleeps, not spins.
+            event = torch.cuda.Event(blocking=True)
             with torch.cuda.stream(self._copy_stream):
-                staged = buf.host[: buf.count].to(device, non_blocking=True)
-                # Allocated on the copy stream, used on the consumer's: keep its memory
-                # from the next copy until the consumer's work on it is done.
-                staged.record_stream(consumer)
-                for slot in special.keys() & set(keep):
-                    # Through pinned memory, so the copy is asynchronous too (a pageable
-                    # one would wait for the consumer's stream); the pinned block is held
-                    # by PyTorch's host allocator until the copy is done.
-                    image = torch.from_numpy(np.require(special[slot], np.uint8, ["C", "W"])).pin_memory()
-                    moved[slot] = image.to(device, non_blocking=True)
-                    moved[slot].record_stream(consumer)
-                # A blocking event: the pool's wait for it (BatchPool.acquire) sleeps, not spins.
-                event = torch.cuda.Event(blocking=True)
-                event.record(self._copy_stream)
+                try:
+                    staged = buf.host[: buf.count].to(device, non_blocking=True)
+                    # Allocated on the copy stream, used on the consumer's: keep its memory
+                    # from the next copy until the consumer's work on it is done.
+                    staged.record_stream(consumer)
+                    for slot in special.keys() & set(keep):
+                        # Through pinned memory, so the copy is asynchronous too (a pageable
+                        # one would wait for the consumer's stream); the pinned block is held
+                        # by PyTorch's host allocator until the copy is done.
+                        try:
+                            image = torch.from_numpy(np.require(special[slot], np.uint8, ["C", "W"])).pin_memory()
+                            moved[slot] = image.to(device, non_blocking=True)
+                        except torch.OutOfMemoryError as exc:
+                            raise MemoryError(f"batch {pending.number}: {exc}; copying "
+                                              f"{self._paths[int(buf.indices[slot])]} to {device}") from exc
+                        moved[slot].record_stream(consumer)
+                finally:
+                    # Also when a copy above failed: the buffer goes back to the pool, and
+                    # its reuse and the pool's close must wait for the copy already queued
+                    # (a device transport's registered memory is not tracked by PyTorch).
+                    event.record(self._copy_stream)
+                    buf.copied = event
             consumer.wait_event(event)
-            buf.copied = event
         elif device.type == "cpu":
             staged = None                     # the views are of the batch buffer itself
         else:

@@ -849,8 +849,8 @@ def _metadata(raw: bytes, n: int, s: int, path: str) -> dict:
         fail("classes must be a list of names")
     if len(set(classes)) != len(classes):
         fail("class names must differ (a label would have two names)")
-    # A source file's size fits the int64 arithmetic of ``records info`` (the writer
-    # stores what os.stat gave).
+    # The writer stores what os.stat gave, an off_t (int64): a larger size was never a
+    # file's, so the metadata is forged or damaged.
     checks = {"labels": lambda v: 0 <= v < len(classes), "source_bytes": lambda v: 0 <= v < 1 << 63,
               "scan_counts": lambda v: 1 <= v <= s}
     for key, ok in checks.items():

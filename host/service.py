@@ -635,6 +635,14 @@ class _Dispatcher(threading.Thread):
         self.outputs.clear()
 
 
+def usable_cpus() -> int:
+    """CPUs this process may run on: its affinity mask where the OS has one (Linux),
+    else ``os.cpu_count()``."""
+    if hasattr(os, "sched_getaffinity"):
+        return len(os.sched_getaffinity(0))
+    return os.cpu_count() or 1
+
+
 def check_count(name: str, value, least: int = 1, note: str = "") -> None:
     """A count argument: an int (a bool is not) of at least ``least``; TypeError or
     ValueError naming it. (A float of workers ran its ceiling of threads, and a queue of
@@ -677,7 +685,7 @@ class DecodeService:
         self._lock = threading.Lock()
         self._idle = threading.Condition()
         self._outstanding = 0                 # submitted tasks whose done() has not run
-        self.cpu_workers = cpu_workers or len(os.sched_getaffinity(0))
+        self.cpu_workers = cpu_workers or usable_cpus()
         self._cpu_pool = ThreadPoolExecutor(self.cpu_workers, thread_name_prefix="dlbooster-cpu")
         devices = getattr(self.backend, "devices", None) or (
             [self.backend.device] if hasattr(self.backend, "device") else [])

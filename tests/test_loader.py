@@ -595,6 +595,30 @@ def test_cuda_copies_held_back_still_deliver_the_cpu_batches(tiny_source, monkey
                 assert gx == wx and torch.equal(gl.cpu(), wl) and torch.equal(gi.cpu(), wi)
 
 
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_cuda_a_failed_oversize_copy_names_the_image_and_still_guards_the_buffer(tiny_source, monkeypatch):
+    """An oversize image whose pinned copy fails (pinned or GPU memory exhausted) is a
+    MemoryError naming it, and the batch's copy already queued on the side stream still
+    gets the buffer's event, so the buffer's reuse and the pool's close wait for it."""
+    assemble, buffers = Loader._assemble, []
+
+    def remember(self, pending, report):
+        buffers.append(pending.buffer)
+        return assemble(self, pending, report)
+
+    def exhausted(self, *args, **kwargs):
+        raise torch.OutOfMemoryError("pinned memory exhausted (test)")
+    monkeypatch.setattr(Loader, "_assemble", remember)
+    with make_loader(tiny_source, 2, backend="cpu", prefetch=2, slot_pixels=16 * 16, device="cuda") as gpu:
+        monkeypatch.setattr(torch.Tensor, "pin_memory", exhausted)
+        with pytest.raises(MemoryError, match=r"copying .*\.jpg to cuda:\d"):
+            for _ in gpu:
+                pass
+        assert buffers and buffers[-1].copied is not None
+        buffers[-1].copied.synchronize()
+        assert buffers[-1].copied.query()
+
+
 # ---------------------------------------------------------------------------------
 # 3. Sharding: DistributedSampler + DataLoader, index for index
 
@@ -1398,16 +1422,18 @@ def test_instant_device_batches_equal_pillow_and_bench_host_accounts(tiny_source
         run_job(self, staged)
     monkeypatch.setattr(InstantTransport, "_run_job", recorded)
     result = bench_host(files, batch_size=4, epochs=2, lanes=2)
-    # Two rounds after the warm-up, each a control epoch and one with pixel writes, alternating in order.
+    # A warm-up epoch of each kind, then two rounds, each a control epoch and one with pixel
+    # writes, alternating in order.
     n = len(files)
     assert result["images"] == n and [(r["round"], r["pixels"]) for r in result["epochs"]] == \
         [(1, False), (1, True), (2, True), (2, False)]
     assert result["rounds"] == 2 and result["timed_epochs"] == 4 and result["judged_on"] == JUDGED_ON
-    epochs = [jobs[e * n:(e + 1) * n] for e in range(5)]       # the warm-up, then the timed epochs
-    assert len(jobs) == 5 * n
-    assert [{pixels for pixels, _ in epoch} for epoch in epochs] == [{True}, {False}, {True}, {True}, {False}]
+    epochs = [jobs[e * n:(e + 1) * n] for e in range(6)]       # the warm-ups, then the timed epochs
+    assert len(jobs) == 6 * n
+    assert [{pixels for pixels, _ in epoch} for epoch in epochs] == [{True}, {False}, {False}, {True}, {True},
+                                                                     {False}]
     order = [[length for _, length in epoch] for epoch in epochs]
-    assert order[1] == order[2] and order[3] == order[4]      # a round's two epochs: the same shuffle
+    assert order[2] == order[3] and order[4] == order[5]      # a round's two epochs: the same shuffle
     assert result["outcomes"] == {"ok": len(files)}         # the last epoch's
     for row in result["epochs"]:
         assert row["images"] == len(files)

@@ -282,7 +282,7 @@ def test_reader_rejects_forged_records(written, tmp_path):
         (_forge(good, meta={k: v for k, v in meta.items() if k != "classes"}), "classes must be"),
         (_forge(good, meta={**meta, "classes": [meta["classes"][0]] * len(meta["classes"])}),
          "class names must differ"),
-        (_forge(good, meta={**meta, "source_bytes": [5 * 10**30] + meta["source_bytes"][1:]}), "source_bytes must be"),
+        (_forge(good, meta={**meta, "source_bytes": [1 << 63] + meta["source_bytes"][1:]}), "source_bytes must be"),
         (_forge(good, meta={**meta, "images": n + 1}), "image or scan count"),
         (_forge(good, meta=[meta]), "not a JSON object"),
         (_forge(good, meta=b"[" * 100_000 + b"]" * 100_000), "corrupt record metadata"),
@@ -298,6 +298,9 @@ def test_reader_rejects_forged_records(written, tmp_path):
     # The forging itself is sound: unchanged fields give a readable record.
     path.write_bytes(_forge(good, meta=meta))
     assert R.RecordFile(path).image(0) == first
+    # The largest size an off_t holds is a size a file could have.
+    path.write_bytes(_forge(good, meta={**meta, "source_bytes": [(1 << 63) - 1] + meta["source_bytes"][1:]}))
+    assert R.RecordFile(path).source_bytes[0] == (1 << 63) - 1
     # A last group declared a terabyte long opens (a truncated file still serves its
     # prefixes), and reading it is a truncated record with the file's real size, not a
     # terabyte read (MemoryError).
