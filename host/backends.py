@@ -212,9 +212,12 @@ class DeviceBackend:
     made. ``self.devices`` (started), ``self.device`` (the first) and ``self.max_width``
     are set by subclasses.
 
-    Inputs the runtime's pre-screen sends to the CPU (:func:`dlbooster.jpeg.host_prescreen`)
-    never reach the device; every other input runs on it, and a non-zero job status
-    declines the input with the hardware's reason (:func:`dlbooster.hw.regs.device_reason`).
+    :meth:`decode_many` (``dlbooster decode --backend sim``, the device's verification
+    path) sends only the inputs :func:`dlbooster.jpeg.host_prescreen` names to the CPU;
+    every other input runs on the device, and a non-zero job status declines the input
+    with the hardware's reason (:func:`dlbooster.hw.regs.device_reason`), so the
+    gateware's own header checks are exercised. The runtime's decode service
+    (:mod:`dlbooster.service`) pre-screens with the whole header classification instead.
     """
 
     name = "device"

@@ -757,9 +757,12 @@ HOST_ONLY_REASONS = frozenset({"mpo", "junk", "too-large", "input-size"})
 
 
 def host_prescreen(info: JpegInfo, *, max_width: int = DEFAULT_MAX_WIDTH) -> str | None:
-    """The runtime's pre-screen: the :func:`classify` reason of a file that must go to the
+    """The least pre-screen: the :func:`classify` reason of a file that must go to the
     CPU path before any device sees it, because the decoder's own header checks could let
-    it through while Pillow treats it differently: :data:`HOST_ONLY_REASONS`, a header
+    it through while Pillow treats it differently. ``dlbooster decode --backend sim`` (the
+    device's verification path) screens with this alone, so the gateware judges every
+    other header itself; the runtime's decode service screens with the whole of
+    :func:`classify` on the headers. The reasons: :data:`HOST_ONLY_REASONS`, a header
     only Pillow's parser rejects, or a structural fault before the first scan's
     entropy-coded data (``malformed-header``: the decoder, like libjpeg-turbo, skips a
     TEM or an RSTn between segments, which Pillow's parser may refuse, and a fault there

@@ -5,10 +5,12 @@ One :class:`DecodeService` serves a loader. Each submitted :class:`Task` names a
 
 1. with a device backend, hands each device's share of a batch (bounded queue) to the
    device's dispatcher thread, which reads and pre-screens each input
-   (:func:`dlbooster.jpeg.parse` of the headers, :func:`~dlbooster.jpeg.host_prescreen`,
-   the verdict kept per file across epochs): inputs a device cannot or must not take go
-   straight to the CPU pool without costing device time; with a CPU backend, each
-   input goes to the CPU pool;
+   (:func:`dlbooster.jpeg.parse` of the headers, :func:`~dlbooster.jpeg.classify` of
+   them, the verdict kept per file across epochs): inputs whose headers put them outside
+   the hardware profile (SPEC.md section 2: progressive, CMYK, 12-bit, wider than the
+   device, not a JPEG, ...) or that Pillow treats its own way go straight to the CPU
+   pool without costing device time; with a CPU backend, each input goes to the CPU
+   pool;
 2. the dispatcher keeps the device's job FIFO full (jobs in flight up to
    ``job_depth + lanes``), writes each
    decoded image straight into its slot (the slot's device address is the job's output
@@ -842,7 +844,9 @@ class DecodeService:
                 if tables is not None:
                     info = jpeg.parse(jpeg.with_standard_huffman(data, tables), headers_only=True)
                 frame = info.frame
-                cached = (key, jpeg.host_prescreen(info, max_width=self.max_width),
+                # Every reason the headers decide (classify's hardware profile, which
+                # contains host_prescreen's); the device judges only the entropy-coded data.
+                cached = (key, jpeg.classify(info, max_width=self.max_width),
                           frame.width if frame else 0, frame.height if frame else 0, tables)
                 if key is not None:
                     self._screens[task.path] = cached

@@ -297,14 +297,21 @@ def test_bad_inputs_outcomes_and_accounting(bad_dir, backend, request):
                 assert (outcome.status, outcome.backend) == ("fallback", "cpu"), name
                 assert outcome.reason, name
         if backend == "sim":
-            # Outside the device's profile: decoded by the CPU path, with the device's reason.
-            expect = {"png": "not-jpeg", "gif": "not-jpeg", "cmyk": "components", "progressive": "progressive",
-                      "truncated_entropy_eoi": "truncated"}
-            for name, reason in expect.items():
-                assert (outcomes[str(bad_dir[name])].status, outcomes[str(bad_dir[name])].reason) == \
-                    ("fallback", reason), name
+            # Outside the device's profile: decoded by the CPU path. The headers' faults are
+            # the pre-screen's, before any device time; the entropy-coded data's the device's.
+            expect = {"png": ("not-jpeg", "host pre-screen"), "gif": ("not-jpeg", "host pre-screen"),
+                      "cmyk": ("components", "host pre-screen"), "progressive": ("progressive", "host pre-screen")}
+            for name, (reason, detail) in expect.items():
+                outcome = outcomes[str(bad_dir[name])]
+                assert (outcome.status, outcome.reason, outcome.detail, outcome.extra) == \
+                    ("fallback", reason, detail, {}), name
+            outcome = outcomes[str(bad_dir["truncated_entropy_eoi"])]
+            assert (outcome.status, outcome.reason) == ("fallback", "truncated") and outcome.extra["cycles"] > 0
             for name in ("good", "good_odd"):
                 assert str(bad_dir[name]) not in outcomes, name
+            # Only the inputs whose headers are in the profile cost device jobs.
+            assert loader.service.stats.jobs == len(
+                {"good", "good_odd", "truncated", "truncated_entropy_eoi", "corrupt_entropy"})
         report = loader.report
         assert report.positions == len(source) and report.accounted == report.positions
         assert report.delivered == len(source) - len(failing) and report.replaced == 0
@@ -316,6 +323,33 @@ def test_bad_inputs_outcomes_and_accounting(bad_dir, backend, request):
         assert stats.outcomes["error:undecodable"] == len(failing) - 1
         assert stats.outcomes.get("ok", 0) + len(report.fallbacks) == report.delivered
         assert loader.pool.free == loader.pool.depth
+
+
+def test_the_pre_screen_keeps_inputs_outside_the_profile_off_the_device(bad_dir, tmp_path):
+    """Inputs whose headers put them outside the hardware profile (not a JPEG, CMYK,
+    progressive, 12-bit, wider than the device) cost no device job: they go to the CPU
+    path with the header classification's reason, and only inputs whose headers are in
+    the profile become jobs (issue 7: "without costing device time")."""
+    from dlbooster.instant import InstantBackend, InstantTransport
+
+    wide = write(tmp_path / "wide.jpg", gen(72, 8, subsampling=0))
+    paths = {**bad_dir, "wide": wide}
+    transport = InstantTransport(lanes=2, job_depth=4, max_width=64)
+    for name in ("good", "good_odd"):
+        transport.learn(paths[name].read_bytes(), pillow_file(str(paths[name]))[0])
+    source = [(str(path), n) for n, path in enumerate(paths.values())]
+    with make_loader(source, 3, backend=InstantBackend(transport), slot_pixels=80 * 64, on_error="skip") as loader:
+        batches = drain(loader)
+        outcomes = {o.path: o for b in batches for o in b.outcomes}
+        assert loader.report.accounted == len(source)
+        for name, reason in {"png": "not-jpeg", "gif": "not-jpeg", "cmyk": "components",
+                             "progressive": "progressive", "wide": "width"}.items():
+            outcome = outcomes[str(paths[name])]
+            assert (outcome.status, outcome.reason, outcome.detail) == ("fallback", reason, "host pre-screen"), name
+        for name in ("good", "good_odd"):
+            assert str(paths[name]) not in outcomes, name
+        assert loader.service.stats.jobs == len(
+            {"good", "good_odd", "truncated", "truncated_entropy_eoi", "corrupt_entropy"})
 
 
 @pytest.mark.parametrize("backend", ["cpu", "model"])
@@ -735,7 +769,7 @@ def test_eval_transform_is_deterministic_across_epochs(transform_source):
 @pytest.fixture(scope="module")
 def sim_source(tmp_path_factory):
     """Six small JPEGs the device takes, one larger than a 64x64 slot (the device writes
-    it to the batch buffer's spill area), one progressive (declined), one missing file."""
+    it to the batch buffer's spill area), one progressive (pre-screened), one missing file."""
     root = tmp_path_factory.mktemp("sim")
     subsamplings = (0, 1, 2, "gray", 2, "440")
     source = [(str(write(root / f"{i}.jpg", gen(48, 40 - 2 * i, subsampling=s, quality=60 + 5 * i))), i % 3)
@@ -763,7 +797,8 @@ def test_sim_loader_equals_pillow_and_cpu(sim, sim_source):
         assert [(o.index, o.status, o.backend, o.reason) for o in outcomes] == \
             [(7, "fallback", "cpu", "progressive"), (8, "error", None, "unreadable")]
         assert outcomes[0].path == sim_source[7][0] and outcomes[1].path == sim_source[8][0]
-        assert outcomes[0].extra["cycles"] > 0 and 0 <= outcomes[0].extra["lane"] < LANES
+        # Progressive: the pre-screen's, no device time spent on it.
+        assert (outcomes[0].detail, outcomes[0].extra) == ("host pre-screen", {})
         report = loader.report
         assert (report.positions, report.delivered, report.accounted) == (9, 8, 9)
         assert report.fallbacks == [outcomes[0]] and report.skipped == [outcomes[1]]
@@ -904,12 +939,13 @@ def test_sim_stalled_memory_falls_back_to_cpu(sim, sim_source):
         fallbacks = outcomes[:-1]
         assert sorted(o.index for o in fallbacks) == list(range(8)), "every image came from the CPU"
         assert all(o.status == "fallback" and o.backend == "cpu" for o in fallbacks)
-        reasons = [o.reason for o in fallbacks]
-        assert "watchdog" in reasons and set(reasons) <= {"watchdog", "device-fault"}, reasons
+        reasons = {o.index: o.reason for o in fallbacks}
+        assert reasons.pop(7) == "progressive"          # the pre-screen's: it never reached the device
+        assert "watchdog" in reasons.values() and set(reasons.values()) <= {"watchdog", "device-fault"}, reasons
         assert loader.report.accounted == loader.report.positions == 9
         assert loader.report.fallbacks == fallbacks
         stats = loader.stats().outcomes
-        assert stats["fallback:watchdog"] + stats["fallback:device-fault"] == 8
+        assert stats["fallback:watchdog"] + stats["fallback:device-fault"] == 7
         # About one watchdog period (2,000 clocks), not the driver's bound (2**28).
         assert clocks < 1 << 20, f"{clocks} clocks: the dispatcher waited for the driver's bound"
     # The device works again once the memory answers.
@@ -1256,8 +1292,7 @@ def test_sim_dispatcher_death_loses_nothing(sim, sim_source, monkeypatch):
         batches = drain(loader)
         assert check_batches(loader, batches) == list(range(8))
         fallbacks = [o for b in batches for o in b.outcomes if o.status == "fallback"]
-        assert sorted(o.index for o in fallbacks) == list(range(8))
-        assert {o.reason for o in fallbacks} == {"device-fault"}
+        assert {o.index: o.reason for o in fallbacks} == {**{i: "device-fault" for i in range(7)}, 7: "progressive"}
         assert loader.report.accounted == loader.report.positions == 9
         assert loader.service._outstanding == 0
 
@@ -1274,7 +1309,8 @@ def test_sim_device_memory_exhausted_sends_images_to_the_cpu(sim, sim_source, mo
         batches = drain(loader)
         assert check_batches(loader, batches) == list(range(8))
         fallbacks = {o.index: o.reason for b in batches for o in b.outcomes if o.status == "fallback"}
-        assert fallbacks == {i: "device-memory" for i in range(8)}   # the progressive one too: the device judges it
+        # The progressive one is the pre-screen's, before any device memory is asked for.
+        assert fallbacks == {**{i: "device-memory" for i in range(7)}, 7: "progressive"}
         assert loader.report.accounted == loader.report.positions == 9
         assert all(d.is_alive() for d in loader.service._dispatchers)
 
@@ -1697,7 +1733,7 @@ def test_reads_of_inputs_that_never_reach_the_device_are_counted(tmp_path, monke
     from dlbooster import jpeg
 
     paths, t, service, pool = _instant_service(tmp_path, 3, 16, 16 * 16)
-    monkeypatch.setattr(jpeg, "host_prescreen", lambda info, max_width: "junk")   # every input declined
+    monkeypatch.setattr(jpeg, "classify", lambda info, max_width: "junk")   # every input declined
     outcomes = _run_once_each(paths, service, pool)
     assert set(outcomes.values()) == {("fallback", "junk")}
     assert service.stats.jobs == 0
