@@ -10,6 +10,7 @@ The ``sim`` tests drive the 4-lane, 256-pixel build that tests/test_device_sim.p
 from __future__ import annotations
 
 import io
+import logging
 import math
 import os
 import pickle
@@ -651,6 +652,36 @@ def test_cuda_a_failed_oversize_copy_names_the_image_and_still_guards_the_buffer
         assert buffers and buffers[-1].copied is not None
         buffers[-1].copied.synchronize()
         assert buffers[-1].copied.query()
+
+
+def test_epoch_figures_progress_bar_and_skip_log(bad_dir, tiny_source, capsys, caplog):
+    """The epoch's figures are what they say (images/s is images over the epoch's wall
+    seconds, host cores its process CPU time over them); the progress bar shows on rank
+    0 only, one step per batch; a skipped sample is logged with its path."""
+    source = tiny_source[:5]
+    for rank, shows in ((0, True), (1, False)):
+        with make_loader(source, 2, backend="cpu", slot_pixels=32 * 32, progress=True, rank=rank,
+                         world_size=2) as loader:
+            loader.set_epoch(3)
+            start_cpu = time.process_time()
+            batches = drain(loader)
+            cpu = time.process_time() - start_cpu
+            stats = loader.stats()
+            assert stats.images == sum(len(b.indices) for b in batches) == 3
+            assert 0 < stats.seconds and stats.images_per_s == pytest.approx(stats.images / stats.seconds)
+            # The epoch's CPU time is part of this test's, which is measured around it.
+            assert 0 < stats.host_cores * stats.seconds <= cpu + 1e-3
+            assert set(stats.queue_peak) <= set(loader.service.queue_depths())
+            assert stats.outcomes == {"ok": 3} and stats.lane_busy == {}
+        bar = capsys.readouterr().err
+        assert ("epoch 3" in bar and "2/2" in bar) == shows, bar
+    with caplog.at_level(logging.WARNING, logger="dlbooster"):
+        with make_loader([(str(bad_dir["empty"]), 0)], 1, backend="cpu", on_error="skip") as loader:
+            assert [len(b.indices) for b in drain(loader)] == [0]
+            [skipped] = loader.report.skipped
+    assert [r.getMessage() for r in caplog.records if r.getMessage().startswith("skipping ")] == [
+        f"skipping {skipped}"]
+    assert str(skipped).startswith(f"{bad_dir['empty']}: error (undecodable: ")
 
 
 # ---------------------------------------------------------------------------------
