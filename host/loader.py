@@ -685,8 +685,8 @@ class Loader:
 
     def stats(self) -> LoaderStats | None:
         """Figures of the last finished (or abandoned) epoch: images/s, host CPU cores
-        used (process CPU time over wall time), per-lane busy fraction (simulated
-        devices), queue depth peaks, outcome counts by status and reason. The outcome
+        used (process CPU time over wall time), per-lane busy fraction (a simulated
+        device's clocks; a board's fabric clock times the wall time), queue depth peaks, outcome counts by status and reason. The outcome
         counts are of the decodes the epoch ran: in an abandoned epoch (a ``break``, a
         raised error) they include the batches decoded ahead and never taken, which
         :attr:`report` (what was delivered or reported) leaves out. The busy fractions

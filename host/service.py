@@ -190,6 +190,10 @@ class _Dispatcher(threading.Thread):
         self.started: dict[int, float] = {}   # job id -> submission time (when tracing)
         self.lane_free: dict[int, float] = {} # lane -> its last completion time (when tracing)
         self.clocks0 = self._clocks()
+        # A board counts no clocks: its fabric clock times the wall time stands in, as its
+        # lanes count each job's clocks at that clock (lane_busy).
+        self.wall_hz = getattr(device.transport, "clock_hz", None) if self.clocks0 is None else None
+        self.wall0 = time.monotonic()
         self.read_seconds = 0.0               # reads not yet added to the service's stats
 
     def _clocks(self) -> int | None:
@@ -1003,16 +1007,23 @@ class DecodeService:
 
     def clock_counts(self) -> tuple[dict, dict]:
         """A snapshot of the busy clocks, ``(lane_clocks, device_clocks)`` as in
-        :class:`ServiceStats`, for :meth:`lane_busy`'s ``since``."""
+        :class:`ServiceStats`, for :meth:`lane_busy`'s ``since``; a board's device clocks
+        are its fabric clock times the wall time since its dispatcher started."""
         with self._lock:
-            return dict(self.stats.lane_clocks), dict(self.stats.device_clocks)
+            lanes, devices = dict(self.stats.lane_clocks), dict(self.stats.device_clocks)
+        now = time.monotonic()
+        for d in self._dispatchers:
+            if d.wall_hz:
+                devices[d.number] = int((now - d.wall0) * d.wall_hz)
+        return lanes, devices
 
     def lane_busy(self, since: tuple[dict, dict] | None = None) -> dict[str, float]:
         """Fraction of device clocks each lane spent on jobs since the service started,
         or since ``since`` (a :meth:`clock_counts` snapshot: the lane's clocks since
         then over the device's), as ``{"device<d>.lane<l>": fraction}`` for the lanes
-        that have run a job (devices that count clocks: the simulated one; a device that
-        ran no clock since ``since`` has no figures)."""
+        that have run a job (the simulated device counts its clocks; a board's are its
+        fabric clock times the wall time; the instant instrument has none, so no figures;
+        a device that ran no clock since ``since`` has none either)."""
         lanes0, devices0 = since if since is not None else ({}, {})
         lanes, devices = self.clock_counts()
         busy = {}

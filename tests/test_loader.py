@@ -1055,6 +1055,35 @@ def test_lane_busy_is_the_epochs(tiny_source):
         assert first.lane_busy == {"device0.lane0": 300 / 2000, "device0.lane1": 100 / 2000}
 
 
+def test_lane_busy_of_a_device_that_counts_no_clocks_uses_its_fabric_clock(tmp_path):
+    """A board counts no device clocks, only each job's (at its fabric clock,
+    ``clock_hz``): its lanes' busy fraction is their job clocks over the fabric clock
+    times the wall time, measured over the epoch (a window at least as long as the
+    epoch's ``seconds``). The instant instrument, with no ``clock_hz``, has no figures."""
+    from dlbooster.instant import InstantBackend, InstantTransport
+
+    paths = [write(tmp_path / f"{i}.jpg", gen(16 + i, 16, subsampling=2)) for i in range(6)]
+    for clock_hz in (None, 1e6):
+        transport = InstantTransport(lanes=2, job_depth=4)
+        if clock_hz:
+            transport.clock_hz = clock_hz
+        for path in paths:
+            transport.learn(path.read_bytes(), pillow_file(str(path))[0])
+        with make_loader([(str(p), 0) for p in paths], 3, backend=InstantBackend(transport),
+                         slot_pixels=32 * 32) as loader:
+            for _ in range(2):
+                drain(loader)
+                stats = loader.stats()
+                assert stats.outcomes == {"ok": 6}
+                if clock_hz is None:
+                    assert stats.lane_busy == {}
+                    continue
+                # The instrument reports 1 clock per job; the lanes take turns.
+                assert set(stats.lane_busy) == {"device0.lane0", "device0.lane1"}
+                for fraction in stats.lane_busy.values():
+                    assert 0 < fraction <= 3 / (clock_hz * stats.seconds)
+
+
 def test_closing_twice_and_copying_folder_source(tmp_path, image_folder):
     """A folder given as a ``Path`` lists like ImageFolder; close is idempotent."""
     shutil.copytree(image_folder / "c_mixed", tmp_path / "only" / "c_mixed")
