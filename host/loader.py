@@ -464,12 +464,12 @@ class Loader:
         chunks = [indices[i:i + self.batch_size] for i in range(0, len(indices), self.batch_size)]
         report = self.report = EpochReport(self.sampler.epoch, positions=len(indices))
         outcomes0, oversize0 = Counter(self.service.stats.outcomes), self.service.stats.oversize
-        clocks0 = self.service.clock_counts()
         bar = None
         if self.progress:
             from tqdm import tqdm
 
             bar = tqdm(total=len(chunks), unit="batch", desc=f"epoch {self.sampler.epoch}")
+        clocks0 = self.service.clock_counts()     # beside the wall clock's start (a board's are wall time)
         start_wall, start_cpu = time.perf_counter(), time.process_time()
         queue_peak: Counter = Counter()
         images = 0
@@ -607,7 +607,11 @@ class Loader:
                         try:
                             image = torch.from_numpy(np.require(special[slot], np.uint8, ["C", "W"])).pin_memory()
                             moved[slot] = image.to(device, non_blocking=True)
-                        except torch.OutOfMemoryError as exc:
+                        except RuntimeError as exc:
+                            # Pinned memory exhausted is an AcceleratorError ("CUDA error: out of
+                            # memory" from cudaHostAlloc), the GPU's an OutOfMemoryError.
+                            if not (isinstance(exc, torch.OutOfMemoryError) or "out of memory" in str(exc)):
+                                raise
                             raise MemoryError(f"batch {pending.number}: {exc}; copying "
                                               f"{self._paths[int(buf.indices[slot])]} to {device}") from exc
                         moved[slot].record_stream(consumer)
@@ -686,11 +690,12 @@ class Loader:
     def stats(self) -> LoaderStats | None:
         """Figures of the last finished (or abandoned) epoch: images/s, host CPU cores
         used (process CPU time over wall time), per-lane busy fraction (a simulated
-        device's clocks; a board's fabric clock times the wall time), queue depth peaks, outcome counts by status and reason. The outcome
-        counts are of the decodes the epoch ran: in an abandoned epoch (a ``break``, a
-        raised error) they include the batches decoded ahead and never taken, which
-        :attr:`report` (what was delivered or reported) leaves out. The busy fractions
-        are the epoch's clocks: a lane's over its device's."""
+        device's clocks; a board's fabric clock times the wall time), queue depth
+        peaks, outcome counts by status and reason. The outcome counts are of the
+        decodes the epoch ran: in an abandoned epoch (a ``break``, a raised error) they
+        include the batches decoded ahead and never taken, which :attr:`report` (what
+        was delivered or reported) leaves out. The busy fractions are the epoch's
+        clocks: a lane's over its device's."""
         return self._stats
 
     def close(self) -> None:

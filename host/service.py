@@ -348,6 +348,11 @@ class _Dispatcher(threading.Thread):
                 read.append((pending.popleft(), data, st, self.reading))
         finally:
             self.read_seconds += time.thread_time() - start
+        # A kept verdict holds for the Pillow pixel limit it was judged under (too-large).
+        limit = jpeg.pillow_max_pixels()
+        if limit != service._screens_limit:
+            service._screens.clear()
+            service._screens_limit = limit
         staging, screens = self.staging, service._screens
         for task, data, st, src in read:
             if data is None:
@@ -699,6 +704,7 @@ class DecodeService:
         for d in self._dispatchers:
             d.start()
         self._screens: dict[str, tuple] = {}   # path -> (file identity, reason, width, height, tables)
+        self._screens_limit = jpeg.pillow_max_pixels()   # the Pillow pixel limit they were judged under
         self._closed = False
         self._pid = os.getpid()               # the process whose threads serve it (see adopt)
         #: a :class:`dlbooster.trace.Trace` for device jobs (per lane) and CPU decodes, or None
@@ -849,7 +855,8 @@ class DecodeService:
                     info = jpeg.parse(jpeg.with_standard_huffman(data, tables), headers_only=True)
                 frame = info.frame
                 # Every reason the headers decide (classify's hardware profile, which
-                # contains host_prescreen's); the device judges only the entropy-coded data.
+                # contains host_prescreen's); the device judges the rest: the entropy-coded
+                # data and whatever follows the first scan's header.
                 cached = (key, jpeg.classify(info, max_width=self.max_width),
                           frame.width if frame else 0, frame.height if frame else 0, tables)
                 if key is not None:
