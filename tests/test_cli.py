@@ -509,6 +509,34 @@ def test_bench_without_inputs_says_so(tmp_path, capsys):
         assert message in capsys.readouterr().err, argv
 
 
+def test_bench_loader_runs_both_loaders_round_by_round_and_judges_the_medians(tmp_path, capsys):
+    """bench loader (issue 7's 1.3x goal) on a few generated JPEGs: each round times every
+    image through both loaders; the speed-up is the ratio of the two medians of the
+    rounds, and the goal is judged on it."""
+    import statistics
+
+    for n in range(6):
+        (tmp_path / f"{n}.jpg").write_bytes(make_jpeg(48 + 8 * n, 40, subsampling=n % 3))
+    out = tmp_path / "loader.json"
+    assert main(["bench", "loader", str(tmp_path), "--epochs", "1", "--rounds", "3", "--batch-size", "2",
+                 "--size", "16", "--workers", "1", "--json", str(out)]) == 0
+    printed = capsys.readouterr().out
+    result = json.loads(out.read_text())
+    assert (result["files"], result["left_out"], result["epochs"], result["rounds"]) == (6, [], 1, 3)
+    medians = {}
+    for kind in ("torchvision", "dlbooster_cpu"):
+        rounds = result[kind]["rounds"]
+        assert [r["images"] for r in rounds] == [6] * 3
+        for r in rounds:
+            assert r["images_per_s"] == pytest.approx(r["images"] / r["wall_s"])
+        medians[kind] = statistics.median(r["images_per_s"] for r in rounds)
+        assert result[kind]["images_per_s"] == pytest.approx(medians[kind])
+    assert result["dlbooster_cpu"]["outcomes"] == {"ok": 6}
+    assert result["speedup"] == pytest.approx(medians["dlbooster_cpu"] / medians["torchvision"])
+    assert result["goal_met"] == (result["speedup"] >= result["goal_speedup"] == 1.3)
+    assert f"{result['speedup']:.2f}x" in printed
+
+
 def test_bench_host_alternates_the_instrument_and_judges_the_control(tmp_path, capsys):
     """bench host runs a warm-up, then rounds of one epoch with the instrument writing
     pixels and one control epoch, in alternating order; the goal is judged on the
