@@ -33,7 +33,8 @@ from dlbooster.loader import Loader
 from dlbooster.sim.flow import simulator_available
 from dlbooster.transforms import eval_transform, train_transform
 
-from jpegtools import drop_huffman, feature_files, gen, gif_bytes, make_jpeg, photo, photo_crop, png_bytes, skimage_data_dir
+from jpegtools import (corpus_paths, drop_huffman, feature_files, gen, gif_bytes, make_jpeg, photo, photo_crop,
+                       png_bytes, require_corpus, skimage_data_dir)
 
 WIDTH = 256          # the sim build of tests/test_device_sim.py: lanes 1 and 4, 256-pixel lines
 LANES = 4
@@ -355,6 +356,38 @@ def test_the_pre_screen_keeps_inputs_outside_the_profile_off_the_device(bad_dir,
             assert str(paths[name]) not in outcomes, name
         assert loader.service.stats.jobs == len(
             {"good", "good_odd", "truncated", "truncated_entropy_eoi", "corrupt_entropy"})
+
+
+@pytest.mark.corpus
+@needs_verilator
+def test_sim_loader_over_the_whole_corpus(sim):
+    """Every corpus file through the Loader on the simulated 4-lane device (one image per
+    batch: no padding to the corpus's largest frames): each delivered image is Pillow's,
+    each skipped one is a file Pillow fails on, every index is accounted for, and the
+    pre-screen's fallbacks are the ones whose headers are outside the profile, so every
+    device job is a file whose headers the full classification would pass."""
+    root = require_corpus()
+    paths = [str(root / rel) for rel in corpus_paths()]
+    with make_loader([(p, i) for i, p in enumerate(paths)], 1, backend=sim, on_error="skip") as loader:
+        for batch in loader:
+            for k, index in enumerate(batch.indices.tolist()):
+                h, w = batch.sizes[k].tolist()
+                want, exc = pillow_file(paths[index])
+                assert exc is None and np.array_equal(batch.images[k, :, :h, :w].permute(1, 2, 0).numpy(),
+                                                      want), paths[index]
+        report = loader.report
+        assert report.accounted == report.positions == len(paths)
+        for outcome in report.skipped:
+            assert pillow_file(outcome.path)[1] is not None, outcome
+        screened = [o for o in report.fallbacks if o.detail == "host pre-screen"]
+        for outcome in screened:
+            with open(outcome.path, "rb") as f:
+                data = f.read()
+            tables = jpeg.standard_huffman_segment(jpeg.parse(data, headers_only=True))
+            if tables is not None:            # a Motion-JPEG frame is judged with the tables it gets
+                data = jpeg.with_standard_huffman(data, tables)
+            assert jpeg.classify(jpeg.parse(data, headers_only=True), max_width=WIDTH) == outcome.reason, outcome
+        assert loader.service.stats.jobs + len(screened) <= len(paths)
 
 
 def test_a_kept_verdict_follows_pillows_pixel_limit(tmp_path, monkeypatch):
