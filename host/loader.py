@@ -590,6 +590,10 @@ class Loader:
         start = time.perf_counter()
         special = {**buf.oversize, **replacements}    # slot -> an (h, w, 3) image outside the buffer
         moved = {}                                    # slot -> such an image already on the device
+
+        def host_image(slot):
+            return torch.from_numpy(np.require(special[slot], np.uint8, ["C", "W"]))
+
         if self._copy_stream is not None and buf.host is not None:
             consumer = torch.cuda.current_stream(device)   # taken outside the copy stream's context
             # A blocking event: the pool's wait for it (BatchPool.acquire) sleeps, not spins.
@@ -605,8 +609,7 @@ class Loader:
                         # one would wait for the consumer's stream); the pinned block is held
                         # by PyTorch's host allocator until the copy is done.
                         try:
-                            image = torch.from_numpy(np.require(special[slot], np.uint8, ["C", "W"])).pin_memory()
-                            moved[slot] = image.to(device, non_blocking=True)
+                            moved[slot] = host_image(slot).pin_memory().to(device, non_blocking=True)
                         except RuntimeError as exc:
                             # Pinned memory exhausted is an AcceleratorError ("CUDA error: out of
                             # memory" from cudaHostAlloc), the GPU's an OutOfMemoryError.
@@ -639,9 +642,7 @@ class Loader:
 
         def apart(slot):
             image = moved.get(slot)
-            if image is None:
-                image = torch.from_numpy(np.require(special[slot], np.uint8, ["C", "W"])).to(device)
-            return image.permute(2, 0, 1)
+            return (host_image(slot).to(device) if image is None else image).permute(2, 0, 1)
 
         # Each list is made without a Python call per image in the buffer.
         if staged is None:

@@ -99,11 +99,8 @@ class BatchBuffer:
             MemoryError: ``allocate`` found no room.
         """
         span = -(-nbytes // _PAGE) * _PAGE
-        best = None
-        for chunk in self.spills:
-            room = chunk[0].size - chunk[1]
-            if span <= room and (best is None or room < best[0].size - best[1]):
-                best = chunk
+        best = min((chunk for chunk in self.spills if chunk[0].size - chunk[1] >= span),
+                   key=lambda chunk: chunk[0].size - chunk[1], default=None)
         if best is not None:
             used = best[1]
             best[1] = used + span

@@ -848,15 +848,14 @@ class DecodeService:
             key = _identity(st) if st is not None else None
             cached = self._screens.get(task.path) if key is not None else None
             if cached is None or cached[0] != key:
-                # The device checks the entropy-coded data itself: headers suffice here.
+                # Headers only: the device judges what follows the first scan's header.
                 info = jpeg.parse(data, headers_only=True)
                 tables = jpeg.standard_huffman_segment(info)
                 if tables is not None:
                     info = jpeg.parse(jpeg.with_standard_huffman(data, tables), headers_only=True)
                 frame = info.frame
                 # Every reason the headers decide (classify's hardware profile, which
-                # contains host_prescreen's); the device judges the rest: the entropy-coded
-                # data and whatever follows the first scan's header.
+                # contains host_prescreen's).
                 cached = (key, jpeg.classify(info, max_width=self.max_width),
                           frame.width if frame else 0, frame.height if frame else 0, tables)
                 if key is not None:
