@@ -49,6 +49,9 @@ class ColorConverter(wiring.Component):
     Ports:
         i: stream of :func:`ycbcr_pixels` ``(pixels)``.
         o: stream of :func:`rgb_pixels` ``(pixels)``.
+        idle: high in clocks with no beat in the pipeline or at its input: no register
+            changes then but data registers without a beat; for
+            :class:`dlbooster.hw.gating.ClockGate`.
     """
 
     def __init__(self, pixels: int = 8):
@@ -56,6 +59,7 @@ class ColorConverter(wiring.Component):
         super().__init__({
             "i": In(stream.Signature(ycbcr_pixels(pixels))),
             "o": Out(stream.Signature(rgb_pixels(pixels))),
+            "idle": Out(1),
         })
 
     def elaborate(self, platform):
@@ -66,7 +70,7 @@ class ColorConverter(wiring.Component):
         valid = [Signal(name=f"valid{k}") for k in range(LATENCY)]
         sides = [Signal(len(side), name=f"side{k}") for k in range(LATENCY)]
         m.d.comb += [en.eq(~valid[-1] | self.o.ready), self.i.ready.eq(en),
-                     self.o.valid.eq(valid[-1]),
+                     self.o.valid.eq(valid[-1]), self.idle.eq(~(self.i.valid | Cat(*valid).any())),
                      Cat(self.o.payload.n, self.o.payload.row_end, self.o.payload.last).eq(sides[-1])]
         with m.If(en):
             m.d.sync += [valid[0].eq(self.i.valid), sides[0].eq(side)]

@@ -51,6 +51,9 @@ class Device(wiring.Component):
             than 4 on the ImageNet sample photos (docs/benchmarks.md, issue 5) for about
             half the IDCT's LUTs and multipliers: a lane then fits the PYNQ-Z2's xc7z020
             (``dlbooster synth``).
+        clock_gating: clock-gate each lane's idle blocks (:class:`dlbooster.hw.gating.ClockGate`),
+            for the simulated device; boards are built without it. The device goes through the
+            same states, clock for clock, either way.
 
     Raises:
         ValueError: ``lanes`` outside 1..32, ``max_width`` outside 1..65535, or
@@ -58,7 +61,7 @@ class Device(wiring.Component):
     """
 
     def __init__(self, lanes: int = 1, max_width: int = 8192, data_width: int = 128, job_depth: int = 16,
-                 done_depth: int = 16, watchdog: int = 1 << 24, idct_lanes: int = 2):
+                 done_depth: int = 16, watchdog: int = 1 << 24, idct_lanes: int = 2, clock_gating: bool = False):
         # The BUSY register has a bit per lane; CONFIG holds each FIFO's depth in 8 bits.
         if not 1 <= lanes <= 32:
             raise ValueError(f"a device has 1 to 32 lanes, not {lanes}")
@@ -71,6 +74,7 @@ class Device(wiring.Component):
             raise ValueError(f"the completion FIFO holds 1 to 255 entries, not {done_depth}")
         self.lanes, self.max_width, self.data_width = lanes, max_width, data_width
         self.job_depth, self.done_depth, self.watchdog, self.idct_lanes = job_depth, done_depth, watchdog, idct_lanes
+        self.clock_gating = clock_gating
         self.id_width = max(1, (lanes - 1).bit_length())
         ports = {"ap_clk": In(1), "ap_rst_n": In(1), "interrupt": Out(1)}
         ports.update(axi4_lite_slave_ports("s_axi_control"))
@@ -95,7 +99,7 @@ class Device(wiring.Component):
         up = self.ap_rst_n
         engines = []
         for i in range(self.lanes):
-            engine = LaneEngine(i, self.max_width, self.data_width, self.idct_lanes)
+            engine = LaneEngine(i, self.max_width, self.data_width, self.idct_lanes, self.clock_gating)
             m.submodules[f"lane{i}"] = engine
             engines.append(engine)
         m.submodules.jobs = jobs = SyncFIFOBuffered(width=Job.size, depth=self.job_depth)

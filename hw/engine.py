@@ -18,7 +18,6 @@ never answers keeps the engine out of service until reset).
 """
 
 from amaranth import Module, Mux, Signal
-from amaranth.hdl import ResetInserter
 from amaranth.lib import data, stream, wiring
 from amaranth.lib.wiring import In, Out
 
@@ -50,6 +49,7 @@ class LaneEngine(wiring.Component):
         max_width: widest image, in pixels.
         data_width: memory bus width, bits.
         idct_lanes: the IDCT's rows per clock (see :class:`dlbooster.hw.device.Device`).
+        clock_gating: see :class:`dlbooster.hw.lane.Lane`.
 
     Ports:
         job: :data:`Job` stream (taken only while the engine is idle).
@@ -59,8 +59,10 @@ class LaneEngine(wiring.Component):
         busy: a job (or its outstanding transactions) holds the engine.
     """
 
-    def __init__(self, index: int = 0, max_width: int = 8192, data_width: int = 128, idct_lanes: int = 2):
+    def __init__(self, index: int = 0, max_width: int = 8192, data_width: int = 128, idct_lanes: int = 2,
+                 clock_gating: bool = False):
         self.index, self.max_width, self.data_width, self.idct_lanes = index, max_width, data_width, idct_lanes
+        self.clock_gating = clock_gating
         super().__init__({
             "job": In(stream.Signature(Job)),
             "done": Out(stream.Signature(Completion)),
@@ -72,7 +74,8 @@ class LaneEngine(wiring.Component):
     def elaborate(self, platform):
         m = Module()
         lane_reset = Signal()
-        m.submodules.lane = lane = ResetInserter(lane_reset)(Lane(self.max_width, self.idct_lanes))
+        m.submodules.lane = lane = Lane(self.max_width, self.idct_lanes, clock_gating=self.clock_gating)
+        m.d.comb += lane.reset.eq(lane_reset)
         m.submodules.reader = reader = JobReader(self.data_width)
         m.submodules.writer = writer = JobWriter(self.data_width)
         bus = self.bus

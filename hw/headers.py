@@ -87,6 +87,9 @@ class HeaderParser(wiring.Component):
         status: :class:`HeaderStatus`, valid with ``done``.
         done: pulses once, when the scan starts or the parser stopped (input drained).
         busy: high from the first input beat until ``done``.
+        idle: high in clocks in which none of the parser's registers changes: while it
+            passes scan bytes straight from ``input`` to ``entropy``, up to the file's last
+            beat (for :class:`dlbooster.hw.gating.ClockGate`).
     """
 
     def __init__(self, max_width: int = 8192):
@@ -102,6 +105,7 @@ class HeaderParser(wiring.Component):
             "status": Out(5),
             "done": Out(1),
             "busy": Out(1),
+            "idle": Out(1),
         })
 
     def elaborate(self, platform):
@@ -604,6 +608,7 @@ class HeaderParser(wiring.Component):
 
         # The byte source takes the next beat when its bytes are used up, except after the
         # file's last beat (the next file waits for IDLE) and while FORWARD passes beats on.
+        m.d.comb += self.idle.eq(passing & ~(self.input.valid & self.input.payload.last))
         m.d.comb += self.input.ready.eq(Mux(passing, self.entropy.ready,
                                             draining | (refill & ~(held_valid & held.last) & ~forwarding)))
         with m.If(self.input.valid & self.input.ready & ~passing & ~draining):

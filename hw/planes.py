@@ -54,6 +54,9 @@ class PlaneBuffer(wiring.Component):
             neighbour (the row itself without vertical context), ``odd`` for output row
             2r + 1, ``first``/``last`` beat of the row, ``n`` valid samples.
         done: high once every output row of the image has been given.
+        idle: high in clocks in which nothing is written, read or held in the output
+            stages, and no register changes but the read stages' data (meaningless
+            without a beat); for :class:`dlbooster.hw.gating.ClockGate`.
     """
 
     def __init__(self, max_blocks: int, band_blocks: int = 1, lanes: int = 1, bands: int = 3):
@@ -67,6 +70,7 @@ class PlaneBuffer(wiring.Component):
             "i": In(stream.Signature(block_rows(lanes))),
             "o": Out(stream.Signature(row_in(8))),
             "done": Out(1),
+            "idle": Out(1),
         })
 
     def elaborate(self, platform):
@@ -164,7 +168,8 @@ class PlaneBuffer(wiring.Component):
                          out.narrow.eq(cfg.narrow),
                          out.p.as_value().eq(Array(p.data for p in pports)[s1.pbank]),
                          out.q.as_value().eq(Array(p.data for p in qports)[s1.qbank])]
-        m.d.comb += [self.o.valid.eq(out_valid), self.o.payload.eq(out)]
+        m.d.comb += [self.o.valid.eq(out_valid), self.o.payload.eq(out),
+                     self.idle.eq(~(self.i.valid | self.start | can_read | s1.valid | out_valid))]
 
         with m.If(issue):
             m.d.sync += word.eq(word + 1)

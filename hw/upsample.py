@@ -54,6 +54,8 @@ class RowUpsampler(wiring.Component):
     Ports:
         i: stream of :func:`row_in` ``(pixels)``.
         o: stream of :func:`row_out` ``(pixels)``.
+        idle: high in clocks in which none of its registers changes (for
+            :class:`dlbooster.hw.gating.ClockGate`).
     """
 
     def __init__(self, pixels: int = 8):
@@ -61,6 +63,7 @@ class RowUpsampler(wiring.Component):
         super().__init__({
             "i": In(stream.Signature(row_in(pixels))),
             "o": Out(stream.Signature(row_out(pixels))),
+            "idle": Out(1),
         })
 
     def elaborate(self, platform):
@@ -84,7 +87,8 @@ class RowUpsampler(wiring.Component):
         # The held beat can go once its right neighbour is known.
         emit = held_valid & out_free & (held.last | self.i.valid)
         m.d.comb += [self.i.ready.eq(~held_valid | emit), self.o.valid.eq(out_valid),
-                     self.o.payload.eq(out)]
+                     self.o.payload.eq(out),
+                     self.idle.eq(~(self.i.valid | emit | (out_valid & self.o.ready)))]
         with m.If(self.o.ready):
             m.d.sync += out_valid.eq(0)
         # The held beat's column sums are registered with it, so the output's arithmetic

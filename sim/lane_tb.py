@@ -44,6 +44,7 @@ _RGB_OFF = _RGB["rgb"].offset
 
 async def _reset(dut) -> None:
     dut.rst.value = 1
+    dut.reset.value = 0
     dut.input__valid.value = 0
     dut.o__ready.value = 0
     for _ in range(2):

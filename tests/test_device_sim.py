@@ -632,3 +632,47 @@ def test_cli_decode_backend_sim(tmp_path, capsys):
         assert (model.status, model.reason, model.extra.get("declined")) == (
             record["status"], record["reason"], record.get("declined")), name
     assert out["summary"]["pillow_mismatches"] == 0
+
+
+def _corrupted(data: bytes, seed: int, flips: int = 3) -> bytes:
+    """``data`` with bytes of its entropy-coded segment replaced (entropy faults and
+    aborted pixel paths, or an image that still decodes)."""
+    start = jpeg.parse(data).scans[0].data_start
+    rng = np.random.default_rng(seed)
+    out = bytearray(data)
+    for at in rng.integers(start, len(data) - 2, size=flips):
+        out[at] = int(rng.integers(0, 255))
+    return bytes(out)
+
+
+def test_clock_gating_changes_no_result_and_no_clock(sim1):
+    """The simulation builds clock-gate idle blocks (dlbooster.hw.gating); the build of
+    the boards' design, without the gates, gives the same completions (status, size,
+    bytes, symbols and clocks of every job) and the same pixels, under memory gaps and
+    latency, for decodable, corrupted, truncated, too-wide and unsupported inputs."""
+    from dlbooster.sim.device import PortBehaviour, SimTransport
+
+    files = dict(feature_files(WIDTH))
+    files.update(_tiny_last_intervals())
+    photo = gen(64, 48, subsampling=2, quality=90)
+    files.update({f"corrupt{seed}": _corrupted(photo, seed) for seed in range(6)})
+    items = [(d, _cap(d) or 3 * 64 * 64) for d in files.values()]
+    port = PortBehaviour(ready_percent=70, latency=9, seed=3)
+    results = []
+    with SimTransport(lanes=1, max_width=WIDTH, clock_gating=False) as plain:
+        for transport in (sim1, plain):
+            device = _fresh(transport)
+            transport.set_port(port)
+            before = transport.counters()["clocks"]
+            outcomes = device.decode_batch(items)
+            results.append((outcomes, transport.counters()["clocks"] - before))
+            assert _violations(transport) == 0
+    (gated, gated_clocks), (ungated, ungated_clocks) = results
+    assert gated_clocks == ungated_clocks
+    for name, a, b in zip(files, gated, ungated):
+        ca, cb = a.completion, b.completion
+        assert (ca.status, ca.width, ca.height, ca.bytes_written, ca.symbols, ca.clocks) == \
+            (cb.status, cb.width, cb.height, cb.bytes_written, cb.symbols, cb.clocks), name
+        assert (a.image is None) == (b.image is None) and (a.image is None or (a.image == b.image).all()), name
+    statuses = {o.completion.status for o in gated}
+    assert 0 in statuses and len(statuses) >= 4, statuses

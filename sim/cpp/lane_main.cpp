@@ -22,6 +22,7 @@ int main(int argc, char **argv) {
     Verilated::commandArgs(argc, argv);
     auto *top = new Vlane;
     top->clk = 0;
+    top->reset = 0;   // the lane's own reset input; rst resets it here
     reset(top, 2);
     for (;;) {
         uint32_t n_bytes, ready_percent;
