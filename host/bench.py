@@ -25,6 +25,7 @@ Inputs default to the ImageNet sample photos of the shared corpus
   the host driver, for each ``--lanes`` value: simulated device clocks per second of
   wall time (one core), images/s of simulated decode, device clocks per image and the
   images/s the same clocks give at 250 MHz; every image checked against Pillow.
+  ``--no-clock-gating`` runs the boards' design without the simulation build's clock gates.
 - ``bench host`` and ``bench loader``: the runtime (:mod:`dlbooster.bench_runtime`).
 - ``bench backward``: training iteration time with autograd and with the split backward
   schedule (:mod:`dlbooster.bench_train`); needs no input files.
@@ -173,6 +174,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
             p.add_argument("--lanes", default="1", type=_one_or_more(_lanes_list),
                            help="comma-separated lane counts of the builds to run")
             p.add_argument("--max-width", type=_max_width, default=8192, help="the device's line-buffer width")
+            p.add_argument("--no-clock-gating", dest="clock_gating", action="store_false",
+                           help="simulate the boards' design, without the simulation build's clock gates "
+                                "(hw/gating.py): the same results, more work per clock")
         elif kind == "host":
             p.add_argument("--batch-size", type=_positive, default=64)
             p.add_argument("--epochs", type=_positive, default=3,
@@ -612,9 +616,11 @@ def bench_lane(files: list[tuple[str, bytes]], max_width: int, every_file: bool 
             "wall_s": wall, "simulation_s": sim_s, "outcomes": outcomes, "totals": totals, "per_file": rows, **_machine()}
 
 
-def bench_device(files: list[tuple[str, bytes]], lanes_list: list[int], max_width: int) -> dict:
+def bench_device(files: list[tuple[str, bytes]], lanes_list: list[int], max_width: int,
+                 clock_gating: bool = True) -> dict:
     """The hardware-decodable files (pre-screen and classify pass) through the simulated
-    device, all queued at once, per lane count."""
+    device, all queued at once, per lane count; ``clock_gating`` False builds the device
+    without the simulation's clock gates (:class:`dlbooster.sim.device.SimTransport`)."""
     from . import jpeg
     from .backends import decode_pillow
     from .device import DecoderDevice
@@ -631,7 +637,7 @@ def bench_device(files: list[tuple[str, bytes]], lanes_list: list[int], max_widt
                       f"--max-width {max_width} (SPEC.md section 2)")
     configs = []
     for lanes in lanes_list:
-        with SimTransport(lanes=lanes, max_width=max_width) as sim:
+        with SimTransport(lanes=lanes, max_width=max_width, clock_gating=clock_gating) as sim:
             device = DecoderDevice(sim)
             device.start()
             before = sim.counters()
@@ -653,7 +659,7 @@ def bench_device(files: list[tuple[str, bytes]], lanes_list: list[int], max_widt
                         "differ_from_pillow": differ,
                         "lanes_used": len({o.completion.lane for o in outcomes})})
     return {"benchmark": "simulated decoder device (Verilator, C++ memory model)", "max_width": max_width,
-            "files": names, "configs": configs, **_machine()}
+            "clock_gating": clock_gating, "files": names, "configs": configs, **_machine()}
 
 
 def _print_idct(result: dict) -> None:
@@ -843,7 +849,7 @@ def _measure(args: argparse.Namespace) -> tuple[dict, bool]:
               f"{result['simulated_clocks_per_s'] / 1e6:.2f} M simulated clocks/s")
         failed = bool(result["failed"])
     elif args.kind == "device":
-        result = bench_device(files, [int(x) for x in args.lanes.split(",")], args.max_width)
+        result = bench_device(files, [int(x) for x in args.lanes.split(",")], args.max_width, args.clock_gating)
         print(_table(["lanes", "images", "device clocks", "wall s", "M clocks/s", "images/s (sim)",
                       "clocks/image", "images/s at 250 MHz", "differ from Pillow"],
                      [[c["lanes"], c["images"], c["device_clocks"], f"{c['wall_s']:.2f}",

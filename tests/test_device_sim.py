@@ -676,3 +676,26 @@ def test_clock_gating_changes_no_result_and_no_clock(sim1):
         assert (a.image is None) == (b.image is None) and (a.image is None or (a.image == b.image).all()), name
     statuses = {o.completion.status for o in gated}
     assert 0 in statuses and len(statuses) >= 4, statuses
+
+
+def test_cli_bench_device_with_and_without_clock_gating(tmp_path, capsys):
+    """``dlbooster bench device`` runs the gated simulation build by default and the
+    boards' design with ``--no-clock-gating``: the same device clocks, no image differing
+    from Pillow's, and the choice recorded in the JSON."""
+    from dlbooster.cli import main
+
+    for i, (w, h, sub) in enumerate(((48, 32, 2), (40, 24, 1), (33, 17, 0))):
+        (tmp_path / f"{i}.jpg").write_bytes(gen(w, h, subsampling=sub, quality=85))
+    results = []
+    for flag in ([], ["--no-clock-gating"]):
+        out = tmp_path / f"bench{len(flag)}.json"
+        assert main(["bench", "device", "--lanes", "1", "--max-width", str(WIDTH), *flag, "--json", str(out),
+                     str(tmp_path)]) == 0
+        results.append(json.loads(out.read_text()))
+    assert "M clocks/s" in capsys.readouterr().out
+    gated, plain = results
+    assert (gated["clock_gating"], plain["clock_gating"]) == (True, False)
+    (a,), (b,) = gated["configs"], plain["configs"]
+    assert a["images"] == b["images"] == 3
+    assert a["device_clocks"] == b["device_clocks"] > 0
+    assert a["differ_from_pillow"] == b["differ_from_pillow"] == 0
