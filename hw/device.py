@@ -52,8 +52,8 @@ class Device(wiring.Component):
             half the IDCT's LUTs and multipliers: a lane then fits the PYNQ-Z2's xc7z020
             (``dlbooster synth``).
         clock_gating: clock-gate each lane's idle blocks (:class:`dlbooster.hw.gating.ClockGate`),
-            for the simulated device; boards are built without it. The device goes through the
-            same states, clock for clock, either way.
+            for the simulated device; boards are built without it. The device makes the same
+            handshakes with the same valid data, clock for clock, either way.
 
     Raises:
         ValueError: ``lanes`` outside 1..32, ``max_width`` outside 1..65535, or

@@ -13,6 +13,11 @@ valid data, clock for clock, as the design without the gate: the simulated devic
 the same pixels, statuses and clock counts (checked over the whole corpus,
 docs/benchmarks.md, and against the ungated build in the tests).
 
+In Verilog (Verilator, Icarus) the gated clock rises with ``sync``. In Amaranth's own
+simulator it rises one delta cycle later, so a gated register that reads a ``sync``
+register directly sees that register's new value; a combinational assignment between
+the two (as every port connection of the lane has) hides the difference.
+
 The gate is the usual integrated clock gate: the enable is sampled on the clock's
 falling edge (the latch of an ICG cell) and ANDed with the clock, so the gated clock
 has no glitch and its rising edges are the rising edges of ``sync`` in which the enable
@@ -51,8 +56,9 @@ class ClockGate:
         Args:
             open_: the gate's enable, 1 bit: high in every clock in which a register of the
                 block may change (the clock's rising edge then reaches the block). It must
-                be settled by the clock's falling edge (registers of ``sync``, or inputs
-                that a harness sets before it).
+                depend on registers only, so that it is settled by the clock's falling edge
+                (the device harness evaluates some falling edges before it drives the
+                memory side's inputs).
             reset: the domain's synchronous reset, 1 bit; the gate is open while it is high.
         """
         if not self.gated:

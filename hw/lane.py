@@ -68,8 +68,8 @@ class Lane(wiring.Component):
             change nothing else).
         clock_gating: run the header parser, the plane buffers, the upsamplers and colour
             conversion each behind a :class:`~dlbooster.hw.gating.ClockGate` that stops its
-            clock while it is idle (for simulation builds; the lane's outputs are the same,
-            clock for clock, either way).
+            clock while it is idle (for simulation builds; the lane makes the same handshakes
+            with the same valid data, clock for clock, either way).
 
     Ports:
         reset: synchronous reset of the whole lane.

@@ -55,7 +55,8 @@ class PlaneBuffer(wiring.Component):
             2r + 1, ``first``/``last`` beat of the row, ``n`` valid samples.
         done: high once every output row of the image has been given.
         idle: high in clocks in which nothing is written, read or held in the output
-            stages: no register changes; for :class:`dlbooster.hw.gating.ClockGate`.
+            stages, and no register changes but the read stages' data (meaningless
+            without a beat); for :class:`dlbooster.hw.gating.ClockGate`.
     """
 
     def __init__(self, max_blocks: int, band_blocks: int = 1, lanes: int = 1, bands: int = 3):
@@ -152,19 +153,16 @@ class PlaneBuffer(wiring.Component):
         out_valid = Signal()
         en = ~out_valid | self.o.ready
         issue = can_read & en
-        # Data registers and read ports load only with a row piece (a simulator then
-        # skips their multiplexers in the other clocks); the valid bits move on ``en``.
         for q in range(lanes):
-            m.d.comb += [pports[q].en.eq(issue), qports[q].en.eq(issue),
+            m.d.comb += [pports[q].en.eq(en), qports[q].en.eq(en),
                          pports[q].addr.eq((p_ring // lanes) * wide + word),
                          qports[q].addr.eq((q_ring // lanes) * wide + word)]
         with m.If(en):
-            m.d.sync += [s1.valid.eq(issue), out_valid.eq(s1.valid)]
-        with m.If(issue):
-            m.d.sync += [s1.first.eq(word == 0), s1.last.eq(last_word), s1.odd.eq(odd & cfg.v_ctx),
+            m.d.sync += [s1.valid.eq(issue), s1.first.eq(word == 0), s1.last.eq(last_word),
+                         s1.odd.eq(odd & cfg.v_ctx),
                          s1.n.eq(Mux(last_word, cfg.cols - (word << 3), 8)),
-                         s1.pbank.eq(p_ring % lanes), s1.qbank.eq(q_ring % lanes)]
-        with m.If(en & s1.valid):
+                         s1.pbank.eq(p_ring % lanes), s1.qbank.eq(q_ring % lanes),
+                         out_valid.eq(s1.valid)]
             m.d.sync += [out.n.eq(s1.n), out.first.eq(s1.first), out.last.eq(s1.last),
                          out.odd.eq(s1.odd), out.h2.eq(cfg.h2), out.v2.eq(cfg.v2),
                          out.narrow.eq(cfg.narrow),

@@ -669,6 +669,7 @@ def test_clock_gating_changes_no_result_and_no_clock(sim1):
             assert _violations(transport) == 0
     (gated, gated_clocks), (ungated, ungated_clocks) = results
     assert gated_clocks == ungated_clocks
+    assert len(gated) == len(ungated) == len(files)
     for name, a, b in zip(files, gated, ungated):
         ca, cb = a.completion, b.completion
         assert (ca.status, ca.width, ca.height, ca.bytes_written, ca.symbols, ca.clocks) == \
