@@ -13,11 +13,6 @@ valid data, clock for clock, as the design without the gate: the simulated devic
 the same pixels, statuses and clock counts (checked over the whole corpus,
 docs/benchmarks.md, and against the ungated build in the tests).
 
-In Verilog (Verilator, Icarus) the gated clock rises with ``sync``. In Amaranth's own
-simulator it rises one delta cycle later, so a gated register that reads a ``sync``
-register directly sees that register's new value; a combinational assignment between
-the two (as every port connection of the lane has) hides the difference.
-
 The gate is the usual integrated clock gate: the enable is sampled on the clock's
 falling edge (the latch of an ICG cell) and ANDed with the clock, so the gated clock
 has no glitch and its rising edges are the rising edges of ``sync`` in which the enable
@@ -26,6 +21,11 @@ clock enable (Amaranth's ``EnableInserter``). The gate is for simulation builds
 (:mod:`dlbooster.sim.device`); the boards' builds are elaborated without it (``gated``
 False), as FPGA fabric clocks want clock enables, not gated clocks, and the blocks then
 run in ``sync`` unchanged.
+
+In Verilog (Verilator, Icarus) the gated clock rises with ``sync``. In Amaranth's own
+simulator it rises one delta cycle later, so a gated register that reads a ``sync``
+register directly sees that register's new value; a combinational assignment between
+the two (as every port connection of the lane has) hides the difference.
 """
 
 from amaranth import ClockDomain, ClockSignal, Module, ResetSignal, Signal

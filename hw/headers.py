@@ -606,9 +606,10 @@ class HeaderParser(wiring.Component):
                      self.quant.payload.index.eq(copy_k), self.quant.payload.value.eq(qr.data),
                      qr.en.eq(self.quant.ready | ~quant_valid)]
 
+        # While FORWARD passes beats on, only the file's last beat changes a register.
+        m.d.comb += self.idle.eq(passing & ~(self.input.valid & self.input.payload.last))
         # The byte source takes the next beat when its bytes are used up, except after the
         # file's last beat (the next file waits for IDLE) and while FORWARD passes beats on.
-        m.d.comb += self.idle.eq(passing & ~(self.input.valid & self.input.payload.last))
         m.d.comb += self.input.ready.eq(Mux(passing, self.entropy.ready,
                                             draining | (refill & ~(held_valid & held.last) & ~forwarding)))
         with m.If(self.input.valid & self.input.ready & ~passing & ~draining):
