@@ -29,6 +29,7 @@ import operator
 from functools import reduce
 
 from amaranth import Array, Cat, Const, Module, Mux, Signal, signed
+from amaranth.hdl import DomainRenamer
 from amaranth.lib import data, stream, wiring
 from amaranth.lib.memory import Memory
 from amaranth.lib.wiring import In, Out
@@ -282,6 +283,10 @@ class HuffmanTables(wiring.Component):
     symbol; ``fast`` says the window starts with such a code. The table is filled while
     the symbols are loaded (``write`` is not ready during the fill, and ``filling`` is
     set until it ends: at most 256 extra clocks per table).
+
+    ``idle``: high in clocks in which no register or memory of the core changes (no
+    ``write`` beat offered and no fill running), for a :class:`~dlbooster.hw.gating.ClockGate`:
+    the tables are loaded once per image and only looked up during the scan.
     """
 
     def __init__(self):
@@ -297,6 +302,7 @@ class HuffmanTables(wiring.Component):
             "fast_length": Out(4),
             "fast_total": Out(5),
             "fast_symbol": Out(8),
+            "idle": Out(1),
         })
 
     def elaborate(self, platform):
@@ -353,7 +359,7 @@ class HuffmanTables(wiring.Component):
                 port.data.eq(fill_entry),
                 port.en.eq((fill_left != 0) & (fill_table == t)),
             ]
-        m.d.comb += self.filling.eq(fill_left != 0)
+        m.d.comb += [self.filling.eq(fill_left != 0), self.idle.eq(~self.write.valid & (fill_left == 0))]
         is_symbol = (w.index >= 16) & (w.index < 16 + 256)
         spare = Signal(3)  # 8 - code length: the code covers 2**spare lookahead entries
         m.d.comb += spare.eq(8 - slen)
@@ -432,10 +438,16 @@ class EntropyDecoder(wiring.Component):
     has then consumed all input up to ``last`` (also after a fault), so the next scan
     starts cleanly.
 
+    Args:
+        tables_domain: the clock domain of the :class:`HuffmanTables` (``sync`` unless
+            the lane puts them behind a :class:`~dlbooster.hw.gating.ClockGate` opened by
+            ``~tables_idle``: they change only while tables are loaded).
+
     Ports:
         scan, start, busy, done, status, symbols (Huffman symbols decoded, DC and AC
         including EOB/ZRL), tables (:data:`TableWrite` stream), input
-        (:data:`InputBeat` stream), coef (:data:`CoefBeat` stream).
+        (:data:`InputBeat` stream), coef (:data:`CoefBeat` stream), tables_idle (the
+        tables' ``idle``).
 
     Throughput: one symbol per clock for codes of up to 8 bits (the lookahead table of
     :class:`HuffmanTables`), two for longer codes, while the bit buffer holds the
@@ -448,7 +460,8 @@ class EntropyDecoder(wiring.Component):
     the beat is registered in a third. Fault decisions do not gate the buffer's shift.
     """
 
-    def __init__(self):
+    def __init__(self, tables_domain: str = "sync"):
+        self.tables_domain = tables_domain
         super().__init__({
             "scan": In(ScanConfig),
             "start": In(1),
@@ -459,16 +472,19 @@ class EntropyDecoder(wiring.Component):
             "tables": In(stream.Signature(TableWrite)),
             "input": In(stream.Signature(InputBeat)),
             "coef": Out(stream.Signature(CoefBeat)),
+            "tables_idle": Out(1),
         })
 
     def elaborate(self, platform):
         m = Module()
         m.submodules.unstuff = us = Unstuffer()
-        m.submodules.huff = hf = HuffmanTables()
+        hf = HuffmanTables()
+        m.submodules.huff = DomainRenamer({"sync": self.tables_domain})(hf)
         m.d.comb += [
             hf.write.valid.eq(self.tables.valid),
             hf.write.payload.eq(self.tables.payload),
             self.tables.ready.eq(hf.write.ready),
+            self.tables_idle.eq(hf.idle),
         ]
         wiring.connect(m, wiring.flipped(self.input), us.input)
 

@@ -66,9 +66,9 @@ class Lane(wiring.Component):
         probes: add read-only debug ports that show each beat handed between the stages
             (for stage-by-stage comparison with the reference model in simulation; they
             change nothing else).
-        clock_gating: run the header parser, the plane buffers, the upsamplers and colour
-            conversion each behind a :class:`~dlbooster.hw.gating.ClockGate` that stops its
-            clock while it is idle (for simulation builds; the lane makes the same handshakes
+        clock_gating: run the header parser, the entropy decoder's Huffman tables, the
+            plane buffers, the upsamplers and colour conversion each behind a
+            :class:`~dlbooster.hw.gating.ClockGate` that stops its clock while it is idle (for simulation builds; the lane makes the same handshakes
             with the same valid data, clock for clock, either way).
 
     Ports:
@@ -116,7 +116,10 @@ class Lane(wiring.Component):
         header_gate = ClockGate("headers", self.clock_gating)
         m.submodules.headers = hp = header_gate.wrap(HeaderParser(self.max_width))
         header_gate.add(m, ~hp.idle, lane_reset)
-        m.submodules.entropy = ent = EntropyDecoder()
+        # The Huffman tables change only while a DHT segment is loaded.
+        tables_gate = ClockGate("tables", self.clock_gating)
+        m.submodules.entropy = ent = EntropyDecoder(tables_domain=tables_gate.domain)
+        tables_gate.add(m, ~ent.tables_idle, lane_reset)
         m.submodules.idct = idct = ResetInserter(abort)(Idct(self.lanes))
         # Behind the IDCT, the pixel path's blocks are idle about half of the clocks: with
         # clock gating each runs only in clocks it is busy or reset (the IDCT itself is

@@ -1,6 +1,6 @@
 """Amaranth-simulator tests of the clock gate (hw/gating.py) and of the ``idle`` outputs
-that open it: each block behind a :class:`ClockGate` (header parser, plane buffer,
-upsampler, colour conversion, and the whole lane) must give the same handshakes and the
+that open it: each block behind a :class:`ClockGate` (header parser, Huffman
+tables, plane buffer, upsampler, colour conversion, and the whole lane) must give the same handshakes and the
 same valid data, clock for clock, as the same block clocked freely, under random
 valid/ready patterns, aborts and resets, and its gate must actually shut."""
 
@@ -15,6 +15,7 @@ from amaranth.sim import Simulator
 
 from dlbooster import jpeg
 from dlbooster.hw.color import ColorConverter
+from dlbooster.hw.entropy import HuffmanTables
 from dlbooster.hw.gating import ClockGate
 from dlbooster.hw.headers import HeaderParser
 from dlbooster.hw.lane import Lane
@@ -178,6 +179,55 @@ def test_a_gated_header_parser_makes_the_same_handshakes_with_the_same_data():
 
     _simulate(pair, bench)
     assert starts[0] >= 2 and closed[0] > 100
+
+
+def _random_dht(rng):
+    """A DHT table payload (16 counts, then the symbols) of a random complete-enough
+    canonical code: at each length fewer codes than are free, so none is all ones."""
+    counts, free = [], 2
+    for _ in range(16):
+        n = min(rng.randrange(free), 256 - sum(counts)) if free > 1 else 0
+        counts.append(n)
+        free = min((free - n) * 2, 512)
+    return bytes(counts) + bytes(rng.getrandbits(8) for _ in range(sum(counts)))
+
+
+def test_gated_huffman_tables_load_and_look_up_the_same():
+    """Tables loaded with random gaps into random slots while random windows are looked
+    up every clock, a reset in the middle of a lookahead fill and an abort: the same
+    readies and lookups, clock for clock; the gate shuts between loads."""
+    rng = random.Random(3)
+    pair = _Pair(HuffmanTables)
+    writes = [{"table": slot, "index": i, "byte": byte}
+              for slot in (0, 4, 1, 5, 7, 4) for i, byte in enumerate(_random_dht(rng))]
+    outputs = ("length", "symbol", "valid", "filling", "fast", "fast_length", "fast_total", "fast_symbol")
+    closed, fills, hits = [0], [0], [0]
+
+    async def bench(ctx):
+        for step in range(9000):
+            offer = bool(writes) and rng.random() < (0.9 if (step // 400) % 2 else 0.05)
+            select, window = rng.randrange(8), rng.getrandbits(16)
+            ctx.set(pair.clear, step == 1500)
+            ctx.set(pair.abort, step == 4100)
+            for b in (pair.free, pair.gated):
+                ctx.set(b.write.valid, offer)
+                if writes:
+                    ctx.set(b.write.payload, writes[0])
+                ctx.set(b.select, select)
+                ctx.set(b.window, window)
+            free, gated = (_seen(ctx, b, ["write"], [], [lambda b, n=n: getattr(b, n) for n in outputs])
+                           for b in (pair.free, pair.gated))
+            assert free == gated, f"clock {step}"
+            closed[0] += ctx.get(pair.closed)
+            fills[0] += free[4]
+            hits[0] += free[3]
+            if offer and free[0]:
+                writes.pop(0)
+            await ctx.tick()
+        assert not writes
+
+    _simulate(pair, bench)
+    assert closed[0] > 2000 and fills[0] > 200 and hits[0] > 1000
 
 
 def test_a_gated_plane_buffer_makes_the_same_handshakes_with_the_same_data():
