@@ -61,9 +61,9 @@ class ClockGate:
         Args:
             open_: the gate's enable, 1 bit: high in every clock in which a register of the
                 block may change (the clock's rising edge then reaches the block). It must
-                depend on registers only, so that it is settled by the clock's falling edge
-                (the device harness evaluates some falling edges before it drives the
-                memory side's inputs).
+                be settled by the clock's falling edge: the device harness
+                (``sim/cpp/device_lib.cpp``) drives every input of a clock before it
+                evaluates that clock's falling edge.
             reset: the domain's synchronous reset, 1 bit; the gate is open while it is high.
         """
         if not self.gated:

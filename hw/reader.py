@@ -41,6 +41,9 @@ class JobReader(wiring.Component):
         quiet: no request outstanding and nothing buffered.
         error: a read response since ``start`` was not OKAY.
         progress: a request or a data beat moved this clock (for the watchdog).
+        idle: no register or FIFO entry of the reader changes in this clock (no start,
+            cancel, request, read data or beat taken, and the FIFO's output register
+            not being refilled), for a :class:`~dlbooster.hw.gating.ClockGate`.
     """
 
     def __init__(self, data_width: int = 128, depth: int = 32, burst: int = 16):
@@ -50,7 +53,7 @@ class JobReader(wiring.Component):
             "start": In(1), "addr": In(64), "length": In(32), "cancel": In(1),
             "bus": Out(LaneBus(data_width)),
             "o": Out(stream.Signature(InputBeat)),
-            "quiet": Out(1), "error": Out(1), "progress": Out(1),
+            "quiet": Out(1), "error": Out(1), "progress": Out(1), "idle": Out(1),
         })
 
     def elaborate(self, platform):
@@ -77,7 +80,8 @@ class JobReader(wiring.Component):
         r = self.bus.r
         arrived = r.valid
         asked = Signal(range(self.burst + 1))
-        with m.If(~ar_valid & ~self.cancel & ~self.start & (words_left != 0) & (room >= length)):
+        issue = ~ar_valid & ~self.cancel & ~self.start & (words_left != 0) & (room >= length)
+        with m.If(issue):
             m.d.sync += [ar_valid.eq(1), ar.payload.addr.eq(word << shift), ar.payload.len.eq(length - 1),
                          word.eq(word + length), words_left.eq(words_left - length)]
             m.d.comb += asked.eq(length)
@@ -107,6 +111,8 @@ class JobReader(wiring.Component):
         with m.Elif(o.valid & o.ready):
             m.d.comb += fifo.r_en.eq(end_of_word)
             m.d.sync += [bytes_left.eq(bytes_left - n), sub.eq(Mux(end_of_word, 0, sub + 1))]
+        m.d.comb += self.idle.eq(~(self.start | self.cancel | issue | ar_valid | arrived
+                                   | (self.o.valid & self.o.ready) | ((fifo.level != 0) & ~fifo.r_rdy)))
         m.d.comb += [self.quiet.eq(~ar_valid & (inflight == 0) & (fifo.level == 0)),
                      self.progress.eq(arrived | (ar.valid & ar.ready) | (o.valid & o.ready))]
         return m

@@ -1,6 +1,6 @@
 """Amaranth-simulator tests of the clock gate (hw/gating.py) and of the ``idle`` outputs
 that open it: each block behind a :class:`ClockGate` (header parser, Huffman
-tables, plane buffer, upsampler, colour conversion, and the whole lane) must give the same handshakes and the
+tables, job reader, plane buffer, upsampler, colour conversion, and the whole lane) must give the same handshakes and the
 same valid data, clock for clock, as the same block clocked freely, under random
 valid/ready patterns, aborts and resets, and its gate must actually shut."""
 
@@ -20,6 +20,7 @@ from dlbooster.hw.gating import ClockGate
 from dlbooster.hw.headers import HeaderParser
 from dlbooster.hw.lane import Lane
 from dlbooster.hw.planes import PlaneBuffer
+from dlbooster.hw.reader import JobReader
 from dlbooster.hw.upsample import RowUpsampler
 
 from jpegtools import gen
@@ -228,6 +229,58 @@ def test_gated_huffman_tables_load_and_look_up_the_same():
 
     _simulate(pair, bench)
     assert closed[0] > 2000 and fills[0] > 200 and hits[0] > 1000
+
+
+def test_a_gated_job_reader_makes_the_same_requests_and_beats():
+    """Jobs of several lengths read from a memory that answers requests after a random
+    latency with random gaps (now and then an error response), random back-pressure from
+    the lane, a job cancelled halfway, an abort and a reset: the same requests, beats and
+    status, clock for clock; the gate shuts while the reader waits for memory."""
+    rng = random.Random(4)
+    pair = _Pair(lambda: JobReader(128, depth=32, burst=16))
+    blocks = (pair.free, pair.gated)
+    closed, beats, requests = [0], [0], [0]
+
+    async def bench(ctx):
+        bursts = []                            # [clock due, beats left] per accepted request
+        for step in range(12000):
+            start = step % 1500 == 10
+            cancel = 1540 <= step % 3000 < 1550
+            r_valid = bool(bursts) and bursts[0][0] <= step and rng.random() < 0.5
+            ar_ready, o_ready = rng.random() < 0.4, rng.random() < (0.3 if (step // 200) % 2 else 0.9)
+            r_payload = {"data": rng.getrandbits(128), "err": rng.random() < 0.002}
+            ctx.set(pair.clear, step == 7777)
+            ctx.set(pair.abort, step == 5003)
+            for b in blocks:
+                ctx.set(b.start, start)
+                ctx.set(b.cancel, cancel)
+                ctx.set(b.addr, 0x1000 * (step // 1500 + 1))
+                ctx.set(b.length, 900 + 37 * (step // 1500))
+                ctx.set(b.bus.ar.ready, ar_ready)
+                ctx.set(b.bus.r.valid, r_valid)
+                ctx.set(b.bus.r.payload, r_payload)
+                ctx.set(b.o.ready, o_ready)
+            free, gated = (_seen(ctx, b, [], ["o"], [lambda b: b.bus.ar.valid,
+                                                     lambda b: b.bus.ar.payload.as_value(),
+                                                     lambda b: b.quiet, lambda b: b.error,
+                                                     lambda b: b.progress])
+                           for b in blocks)
+            assert free == gated, f"clock {step}"
+            closed[0] += ctx.get(pair.closed)
+            beats[0] += free[0][0] and o_ready
+            if r_valid:
+                bursts[0][1] -= 1
+                if not bursts[0][1]:
+                    bursts.pop(0)
+            if free[1] and ar_ready:
+                requests[0] += 1
+                bursts.append([step + rng.randrange(3, 30), ctx.get(pair.free.bus.ar.payload.len) + 1])
+            if step in (5003, 7777):
+                bursts.clear()
+            await ctx.tick()
+
+    _simulate(pair, bench)
+    assert requests[0] > 20 and beats[0] > 1000 and closed[0] > 2000
 
 
 def test_a_gated_plane_buffer_makes_the_same_handshakes_with_the_same_data():
