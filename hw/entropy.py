@@ -286,7 +286,7 @@ class HuffmanTables(wiring.Component):
 
     ``idle``: high in clocks in which no register or memory of the core changes (no
     ``write`` beat offered and no fill running), for a :class:`~dlbooster.hw.gating.ClockGate`:
-    the tables are loaded once per image and only looked up during the scan.
+    the tables are loaded from DHT segments before the scan and only looked up during it.
     """
 
     def __init__(self):

@@ -68,8 +68,9 @@ class Lane(wiring.Component):
             change nothing else).
         clock_gating: run the header parser, the entropy decoder's Huffman tables, the
             plane buffers, the upsamplers and colour conversion each behind a
-            :class:`~dlbooster.hw.gating.ClockGate` that stops its clock while it is idle (for simulation builds; the lane makes the same handshakes
-            with the same valid data, clock for clock, either way).
+            :class:`~dlbooster.hw.gating.ClockGate` that stops its clock while it is idle
+            (for simulation builds; the lane makes the same handshakes with the same valid
+            data, clock for clock, either way).
 
     Ports:
         reset: synchronous reset of the whole lane.

@@ -69,7 +69,7 @@ struct Sim {
     uint64_t clocks = 0, violations = 0, first_violation = 0, read_beats = 0, write_beats = 0;
     uint32_t ready_percent = 100, latency = 0;
     bool stall_reads = false, stall_writes = false;
-    bool r_offer = false, b_offer = false;   // offered in this clock (between fall and rise)
+    bool r_offer = false, b_offer = false;   // offered in this clock: set by fall(), read by rise()
     Chance chance;
     uint8_t word[WORD_BYTES];
 };
