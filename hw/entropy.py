@@ -29,10 +29,11 @@ import operator
 from functools import reduce
 
 from amaranth import Array, Cat, Const, Module, Mux, Signal, signed
-from amaranth.hdl import DomainRenamer
 from amaranth.lib import data, stream, wiring
 from amaranth.lib.memory import Memory
 from amaranth.lib.wiring import In, Out
+
+from .gating import ClockGate
 
 __all__ = [
     "Status",
@@ -439,9 +440,9 @@ class EntropyDecoder(wiring.Component):
     starts cleanly.
 
     Args:
-        tables_domain: the clock domain of the :class:`HuffmanTables` (``sync`` unless
-            the lane puts them behind a :class:`~dlbooster.hw.gating.ClockGate` opened by
-            ``~tables_idle``: they change only while tables are loaded).
+        tables_gate: a :class:`~dlbooster.hw.gating.ClockGate` the :class:`HuffmanTables`
+            run behind (its owner adds it, opened by ``~tables_idle``: the tables change
+            only while they are loaded); None runs them in ``sync``.
 
     Ports:
         scan, start, busy, done, status, symbols (Huffman symbols decoded, DC and AC
@@ -460,8 +461,8 @@ class EntropyDecoder(wiring.Component):
     the beat is registered in a third. Fault decisions do not gate the buffer's shift.
     """
 
-    def __init__(self, tables_domain: str = "sync"):
-        self.tables_domain = tables_domain
+    def __init__(self, tables_gate: ClockGate | None = None):
+        self.tables_gate = tables_gate
         super().__init__({
             "scan": In(ScanConfig),
             "start": In(1),
@@ -479,7 +480,7 @@ class EntropyDecoder(wiring.Component):
         m = Module()
         m.submodules.unstuff = us = Unstuffer()
         hf = HuffmanTables()
-        m.submodules.huff = DomainRenamer({"sync": self.tables_domain})(hf)
+        m.submodules.huff = self.tables_gate.wrap(hf) if self.tables_gate else hf
         m.d.comb += [
             hf.write.valid.eq(self.tables.valid),
             hf.write.payload.eq(self.tables.payload),

@@ -46,11 +46,6 @@ class ClockGate:
     def __init__(self, name: str, gated: bool):
         self.name, self.gated = name, gated
 
-    @property
-    def domain(self) -> str:
-        """The block's domain: the gate's name when gated, else ``sync``."""
-        return self.name if self.gated else "sync"
-
     def wrap(self, elaboratable):
         """The block, in this gate's domain (its ``sync`` renamed) when gated."""
         return DomainRenamer({"sync": self.name})(elaboratable) if self.gated else elaboratable

@@ -119,7 +119,7 @@ class Lane(wiring.Component):
         header_gate.add(m, ~hp.idle, lane_reset)
         # The Huffman tables change only while a DHT segment is loaded.
         tables_gate = ClockGate("tables", self.clock_gating)
-        m.submodules.entropy = ent = EntropyDecoder(tables_domain=tables_gate.domain)
+        m.submodules.entropy = ent = EntropyDecoder(tables_gate=tables_gate)
         tables_gate.add(m, ~ent.tables_idle, lane_reset)
         m.submodules.idct = idct = ResetInserter(abort)(Idct(self.lanes))
         # Behind the IDCT, the pixel path's blocks are idle about half of the clocks: with

@@ -127,7 +127,7 @@ def build_device_library(lanes: int = 1, max_width: int = 8192, data_width: int 
     """Build (or reuse) the simulated device's shared library; returns its path.
 
     Arguments as for :class:`dlbooster.hw.device.Device`; ``clock_gating`` (on by
-    default: the simulation runs about 1.3 times faster with the same results,
+    default: the simulation runs 1.4 to 1.6 times faster with the same results,
     docs/benchmarks.md) can be turned off to simulate the boards' design itself. A first
     build takes minutes (elaboration, Yosys flattening, Verilator and the C++ compiler);
     later calls return at once.
