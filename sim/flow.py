@@ -36,8 +36,10 @@ __all__ = ["CacheError", "cache_path", "cache_root", "make_folder", "toolchain_e
 #: harnesses), before ``--top-module`` and the C++ flags. ``--no-assert``: Verilator
 #: checks every Yosys ``$pmux`` (written as a ``parallel_case``) for a one-hot select at
 #: run time, 14 % of the device's simulation time; the cocotb runs keep those checks.
+# verilated.mk compiles the harness (the build's own C++ file) with OPT_FAST after the
+# -CFLAGS, so its default -Os would win there; the model's files take -CFLAGS last.
 VERILATOR_FLAGS = ("--cc", "--exe", "--build", "-j", "2", "-O3", "--x-assign", "fast", "--x-initial", "fast",
-                   "--no-assert", "-Wno-fatal")
+                   "--no-assert", "-Wno-fatal", "-MAKEFLAGS", "OPT_FAST=-O2")
 # Configuration file of the C++ simulation builds (see the file); its text is part of each
 # build's cache key.
 SPEED_CONFIG = Path(__file__).parent / "cpp" / "speed.vlt"
