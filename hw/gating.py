@@ -22,7 +22,10 @@ clock enable (Amaranth's ``EnableInserter``). The gate is for simulation builds
 False), as FPGA fabric clocks want clock enables, not gated clocks, and the blocks then
 run in ``sync`` unchanged.
 
-In Verilog (Verilator, Icarus) the gated clock rises with ``sync``. In Amaranth's own
+In Verilog (Verilator, Icarus) the gated clock rises with ``sync``. The simulated
+device's build replaces each gate by a port pair whose clock its harness toggles
+(:func:`dlbooster.sim.flow.one_evaluation_per_clock`), which is the same gate when the
+enable depends on registers only. In Amaranth's own
 simulator it rises one delta cycle later, so a gated register that reads a ``sync``
 register directly sees that register's new value; a combinational assignment between
 the two (as every port connection of the lane has) hides the difference.
@@ -55,10 +58,11 @@ class ClockGate:
 
         Args:
             open_: the gate's enable, 1 bit: high in every clock in which a register of the
-                block may change (the clock's rising edge then reaches the block). It must
-                be settled by the clock's falling edge: the device harness
-                (``sim/cpp/device_lib.cpp``) drives every input of a clock before it
-                evaluates that clock's falling edge.
+                block may change (the clock's rising edge then reaches the block). A
+                function of the design's registers only, never of a top-level input: the
+                simulated device's build (:func:`dlbooster.sim.flow.one_evaluation_per_clock`)
+                turns the enable into an output that its harness reads before it applies a
+                clock's inputs.
             reset: the domain's synchronous reset, 1 bit; the gate is open while it is high.
         """
         if not self.gated:

@@ -41,10 +41,10 @@ class JobReader(wiring.Component):
         quiet: no request outstanding and nothing buffered.
         error: a read response since ``start`` was not OKAY.
         progress: a request or a data beat moved this clock (for the watchdog).
-        idle: no register or FIFO entry of the reader changes in this clock (no start,
-            cancel, request issued or accepted, read data or beat taken, and the FIFO's
-            output register not being refilled), for a
-            :class:`~dlbooster.hw.gating.ClockGate`.
+        idle: no register or FIFO entry of the reader changes in this clock: no start,
+            cancel, request issued or outstanding (its ARREADY and read data may come), beat
+            taken, and the FIFO's output register not being refilled. A function of
+            registers only, for a :class:`~dlbooster.hw.gating.ClockGate`.
     """
 
     def __init__(self, data_width: int = 128, depth: int = 32, burst: int = 16):
@@ -112,8 +112,9 @@ class JobReader(wiring.Component):
         with m.Elif(o.valid & o.ready):
             m.d.comb += fifo.r_en.eq(end_of_word)
             m.d.sync += [bytes_left.eq(bytes_left - n), sub.eq(Mux(end_of_word, 0, sub + 1))]
-        # A request waiting for ARREADY changes nothing.
-        m.d.comb += self.idle.eq(~(self.start | self.cancel | issue | (ar_valid & ar.ready) | arrived
+        # From registers only (a clock gate's enable, hw/gating.py): an outstanding read
+        # (``inflight``, counted from the request's issue) stands for ARREADY and RVALID.
+        m.d.comb += self.idle.eq(~(self.start | self.cancel | issue | (inflight != 0)
                                    | (o.valid & o.ready) | ((fifo.level != 0) & ~fifo.r_rdy)))
         m.d.comb += [self.quiet.eq(~ar_valid & (inflight == 0) & (fifo.level == 0)),
                      self.progress.eq(arrived | (ar.valid & ar.ready) | (o.valid & o.ready))]

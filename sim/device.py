@@ -31,7 +31,8 @@ from pathlib import Path
 import numpy as np
 
 from .flow import (SPEED_CONFIG, VERILATOR_FLAGS, build_environment_key, build_verilated, cache_root,
-                   export_flat_verilog, make_folder, product_ok, toolchain_env, verilator_version)
+                   export_flat_verilog, make_folder, one_evaluation_per_clock, product_ok, toolchain_env,
+                   verilator_version)
 
 __all__ = ["SimTransport", "SimBuffer", "build_device_library", "PortBehaviour"]
 
@@ -149,7 +150,8 @@ def build_device_library(lanes: int = 1, max_width: int = 8192, data_width: int 
                     "Yosys, Verilator and the C++ compiler take a few minutes, once; it is cached in %s",
                     lanes, max_width, root)
         start = time.monotonic()
-        lib = build_verilated(export_flat_verilog(Device(**params), TOP), TOP, _CPP, _FLAGS, folder=root,
+        verilog, _ = one_evaluation_per_clock(export_flat_verilog(Device(**params), TOP), "ap_clk")
+        lib = build_verilated(verilog, TOP, _CPP, _FLAGS, folder=root,
                               name=TOP, output="libdlbdevice.so",
                               sources=[_CPP.read_text(), SPEED_CONFIG.read_text()])
         log.info("simulated decoder device ready after %.0f s: %s", time.monotonic() - start, lib)
@@ -232,7 +234,8 @@ class SimTransport:
                                 ("dlb_read32", u32, [vp, u32, ctypes.POINTER(ctypes.c_int)]),
                                 ("dlb_run", u64, [vp, u64, ctypes.c_int]),
                                 ("dlb_interrupt", ctypes.c_int, [vp]),
-                                ("dlb_counters", None, [vp, ctypes.POINTER(ctypes.c_uint64)])):
+                                ("dlb_counters", None, [vp, ctypes.POINTER(ctypes.c_uint64)]),
+                                ("dlb_check_gates", None, [vp, ctypes.c_int])):
             fn = getattr(lib, name)
             fn.restype, fn.argtypes = res, args
         self._lib = lib
@@ -245,7 +248,7 @@ class SimTransport:
         self._memory = np.ctypeslib.as_array(lib.dlb_memory(self._h), shape=(self.memory_bytes,))
         self._free = [(self.base, self.memory_bytes)]    # sorted (address, size) ranges
         self._ok = ctypes.c_int()
-        self._counters = (ctypes.c_uint64 * 5)()
+        self._counters = (ctypes.c_uint64 * 6)()
 
     # Context management.
     def __enter__(self):
@@ -336,9 +339,18 @@ class SimTransport:
         b = behaviour
         self._lib.dlb_set_port(self._h, b.ready_percent, b.latency, b.seed, b.stall_reads, b.stall_writes)
 
+    def check_gates(self, on: bool = True) -> None:
+        """Count, from now on, the clocks whose single evaluation read a clock gate's enable
+        or a handshake output of the AXI4 master before that clock's memory-side inputs
+        had settled it (``early_reads`` in :meth:`counters`; always 0 for a sound design,
+        see :func:`dlbooster.sim.flow.one_evaluation_per_clock`). Each clock then costs a
+        second evaluation."""
+        self._lib.dlb_check_gates(self._h, int(on))
+
     def counters(self) -> dict[str, int]:
         """``clocks`` run, memory ``violations`` (and the ``first_violation`` address),
-        ``read_beats`` and ``write_beats`` on the AXI4 master, since the start."""
+        ``read_beats`` and ``write_beats`` on the AXI4 master, since the start; and
+        ``early_reads`` (:meth:`check_gates`)."""
         self._lib.dlb_counters(self._h, self._counters)
-        keys = ("clocks", "violations", "first_violation", "read_beats", "write_beats")
+        keys = ("clocks", "violations", "first_violation", "read_beats", "write_beats", "early_reads")
         return dict(zip(keys, (int(v) for v in self._counters)))

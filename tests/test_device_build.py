@@ -348,3 +348,97 @@ def test_a_device_build_says_so_before_its_minutes_of_silence(tmp_path, monkeypa
     product.write_bytes(b"librar")                        # damaged: not taken from the index
     simdev.build_device_library(lanes=2, max_width=64)
     assert len(builds) == 2
+
+
+def _gated_counters():
+    """A component with a counter on ``sync`` and one behind a :class:`ClockGate` opened by
+    ``go``."""
+    from amaranth import Module, ResetSignal
+    from amaranth.lib import wiring
+    from amaranth.lib.wiring import In, Out
+
+    from dlbooster.hw.gating import ClockGate
+
+    class Counters(wiring.Component):
+        def __init__(self):
+            super().__init__({"go": In(1), "every": Out(8), "gated": Out(8)})
+
+        def elaborate(self, platform):
+            m = Module()
+            gate = ClockGate("blk", True)
+            inner = Module()
+            inner.d.sync += self.gated.eq(self.gated + 1)
+            m.submodules.blk = gate.wrap(inner)
+            gate.add(m, self.go, ResetSignal("sync"))
+            m.d.sync += self.every.eq(self.every + 1)
+            return m
+
+    return Counters()
+
+
+def test_one_evaluation_per_clock_makes_each_gate_a_port_pair_and_every_register_take_both_edges():
+    from dlbooster.sim.flow import export_flat_verilog, one_evaluation_per_clock
+
+    flat = export_flat_verilog(_gated_counters(), "top")
+    assert len(re.findall(r"always @\(negedge clk\)", flat)) == 1       # the gate's enable
+    text, gates = one_evaluation_per_clock(flat, "clk")
+    assert gates == 1
+    header = re.search(r"module top\((.*?)\);", text, re.S).group(1)
+    assert {"gate_clk", "gate_open", "clk", "go"} <= {p.strip() for p in header.split(",")}
+    assert "  input [0:0] gate_clk;\n  output [0:0] gate_open;\n" in text
+    # The enable's expression (go, or the reset) drives gate_open; the gated clock is the port.
+    assert re.search(r"assign gate_open\[0\] = \S+ ?;", text)
+    assert re.search(r"assign \S+ += gate_clk\[0\];", text)
+    processes = re.findall(r"always @\((.*?)\)", text)
+    assert len(processes) >= 2
+    for sensitivity in processes:
+        clock = re.fullmatch(r"posedge (\S+ ?) or negedge (\S+ ?)", sensitivity)
+        assert clock and clock.group(1) == clock.group(2), sensitivity
+    assert text.count("negedge") == len(processes)
+    # Without gates: only the registers change, and no port is added.
+    from amaranth import Module
+    from amaranth.lib import wiring
+    from amaranth.lib.wiring import Out
+
+    class Plain(wiring.Component):
+        def __init__(self):
+            super().__init__({"count": Out(4)})
+
+        def elaborate(self, platform):
+            m = Module()
+            m.d.sync += self.count.eq(self.count + 1)
+            return m
+
+    plain, none = one_evaluation_per_clock(export_flat_verilog(Plain(), "top"), "clk")
+    assert none == 0 and "gate_" not in plain and "always @(posedge clk or negedge clk)" in plain
+
+
+def test_one_evaluation_per_clock_refuses_what_it_cannot_rewrite():
+    from amaranth import ClockDomain, ClockSignal, Module
+    from amaranth.lib import wiring
+    from amaranth.lib.wiring import In, Out
+
+    from dlbooster.sim.flow import export_flat_verilog, one_evaluation_per_clock
+
+    class FallingEdgeData(wiring.Component):
+        def __init__(self):
+            super().__init__({"d": In(4), "q": Out(4)})
+
+        def elaborate(self, platform):
+            m = Module()
+            m.domains.fall = ClockDomain(clk_edge="neg", local=True)
+            m.d.comb += ClockSignal("fall").eq(ClockSignal("sync"))
+            m.d.fall += self.q.eq(self.d)
+            return m
+
+    with pytest.raises(ValueError, match="falling-edge register"):
+        one_evaluation_per_clock(export_flat_verilog(FallingEdgeData(), "top"), "clk")
+    flat = export_flat_verilog(_gated_counters(), "top")
+    gated_clock = re.search(r"  assign (\S+ ?) = clk & (\S+ ?);\n", flat)
+    twice = flat.replace(gated_clock.group(0), gated_clock.group(0) + gated_clock.group(0).replace(
+        gated_clock.group(1), "\\other_clk ", 1))
+    with pytest.raises(ValueError, match="is not a clock gate's enable"):
+        one_evaluation_per_clock(twice, "clk")
+    with pytest.raises(ValueError, match="a process"):
+        one_evaluation_per_clock(flat.replace("always @(posedge clk)", "always @(posedge clk or posedge go)", 1),
+                                 "clk")

@@ -649,7 +649,10 @@ def test_clock_gating_changes_no_result_and_no_clock(sim1):
     """The simulation builds clock-gate idle blocks (dlbooster.hw.gating); the build of
     the boards' design, without the gates, gives the same completions (status, size,
     bytes, symbols and clocks of every job) and the same pixels, under memory gaps and
-    latency, for decodable, corrupted, truncated, too-wide and unsupported inputs."""
+    latency, for decodable, corrupted, truncated, too-wide and unsupported inputs. Both
+    builds simulate a clock with one evaluation (sim/flow.py one_evaluation_per_clock),
+    and in no clock did that evaluation read a gate's enable or a master handshake
+    output that the clock's memory-side inputs would have changed."""
     from dlbooster.sim.device import PortBehaviour, SimTransport
 
     files = dict(feature_files(WIDTH))
@@ -663,10 +666,16 @@ def test_clock_gating_changes_no_result_and_no_clock(sim1):
         for transport in (sim1, plain):
             device = _fresh(transport)
             transport.set_port(port)
-            before = transport.counters()["clocks"]
-            outcomes = device.decode_batch(items)
-            results.append((outcomes, transport.counters()["clocks"] - before))
+            transport.check_gates()
+            before = transport.counters()
+            try:
+                outcomes = device.decode_batch(items)
+            finally:
+                transport.check_gates(False)
+            after = transport.counters()
+            results.append((outcomes, after["clocks"] - before["clocks"]))
             assert _violations(transport) == 0
+            assert after["early_reads"] == before["early_reads"] == 0
     (gated, gated_clocks), (ungated, ungated_clocks) = results
     assert gated_clocks == ungated_clocks
     assert len(gated) == len(ungated) == len(files)

@@ -17,6 +17,8 @@
 #include <cstdint>
 #include <cstring>
 #include <deque>
+#include <type_traits>
+#include <utility>
 #include <vector>
 
 #include "Vdlbooster_decoder.h"
@@ -79,7 +81,9 @@ struct Sim {
     uint64_t clocks = 0, violations = 0, first_violation = 0, read_beats = 0, write_beats = 0;
     uint32_t ready_percent = 100, latency = 0;
     bool stall_reads = false, stall_writes = false;
-    bool r_offer = false, b_offer = false;   // offered in this clock: set by fall(), read by rise()
+    bool r_offer = false, b_offer = false;   // offered in this clock: set by drive(), read by rise()
+    bool check_early = false;                // dlb_check_gates
+    uint64_t early_reads = 0;
     Chance chance;
     uint8_t word[WORD_BYTES];
 };
@@ -102,10 +106,51 @@ static void violation(Sim *s, uint64_t addr) {
     if (!s->violations++) s->first_violation = addr;
 }
 
-// First half of a clock: drive the memory side and evaluate the falling edge, where the
-// clock gates sample their enables (hw/gating.py), so that every input of the clock is
-// in place by then.
-static void fall(Sim *s) {
+// A clock is one evaluation of the model (sim/flow.py one_evaluation_per_clock): every
+// register takes both edges of ap_clk, which toggles once per clock, and each clock gate's
+// clock is a port (gate_clk) toggled with it in the clocks whose gate_open was high before
+// the clock's inputs were applied. gate_open and the AXI4 master's valids and readies must
+// therefore not depend combinationally on the memory side's inputs (the gates' enables
+// depend on registers only, hw/gating.py); dlb_check_gates counts the clocks where they did.
+
+// The design's clock gates, when it has any.
+template <class M, class = void> struct HasGates : std::false_type {};
+template <class M> struct HasGates<M, std::void_t<decltype(std::declval<M &>().gate_open)>> : std::true_type {};
+
+template <class T> static inline void toggle(T &clk, const T &open) { clk ^= open; }
+template <std::size_t N> static inline void toggle(VlWide<N> &clk, const VlWide<N> &open) {
+    for (std::size_t i = 0; i < N; ++i) clk[i] ^= open[i];
+}
+template <class T> static inline bool differs(const T &a, const T &b) { return a != b; }
+template <std::size_t N> static inline bool differs(const VlWide<N> &a, const VlWide<N> &b) {
+    return memcmp(a.data(), b.data(), 4 * N) != 0;
+}
+
+// The C++ type of gate_open (CData .. QData, or VlWide for more than 64 gates).
+template <class M, bool = HasGates<M>::value> struct GateWord { using type = uint8_t; };
+template <class M> struct GateWord<M, true> {
+    using type = std::remove_reference_t<decltype(std::declval<M &>().gate_open)>;
+};
+
+template <class M> static inline void open_gates(M *t) {
+    if constexpr (HasGates<M>::value) toggle(t->gate_clk, t->gate_open);
+}
+
+// What a clock's evaluation reads before the clock's inputs settle: the gates' enables and
+// the master's handshake outputs.
+template <class M> struct Early {
+    uint8_t valids;
+    typename GateWord<M>::type open{};
+    explicit Early(M *t)
+        : valids(t->m_axi_gmem_arvalid | t->m_axi_gmem_awvalid << 1 | t->m_axi_gmem_wvalid << 2 |
+                 t->m_axi_gmem_rready << 3 | t->m_axi_gmem_bready << 4) {
+        if constexpr (HasGates<M>::value) open = t->gate_open;
+    }
+    bool operator!=(const Early &o) const { return valids != o.valids || differs(open, o.open); }
+};
+
+// The memory side's inputs of the next clock.
+static void drive(Sim *s) {
     auto *t = s->top;
     Burst *rb = s->reads.empty() ? nullptr : &s->reads.front();
     bool r_offer = rb && !s->stall_reads && s->clocks >= rb->due && s->chance(s->ready_percent);
@@ -135,11 +180,20 @@ static void fall(Sim *s) {
     }
     s->r_offer = r_offer;
     s->b_offer = b_offer;
-    t->ap_clk = 0;
-    evaluate(t);
 }
 
-// Second half: sample the handshakes, evaluate the rising edge, update the memory side.
+// Evaluation without a clock edge: outputs that follow inputs combinationally (the AXI4-Lite
+// readies, and every valid while ap_rst_n is low) settle.
+static void settle(Sim *s) { evaluate(s->top); }
+
+// The memory side's inputs and a settled evaluation: for register accesses, which sample
+// the AXI4-Lite readies.
+static void fall(Sim *s) {
+    drive(s);
+    settle(s);
+}
+
+// The clock itself: sample the handshakes, evaluate, update the memory side.
 static void rise(Sim *s) {
     auto *t = s->top;
     Burst *rb = s->reads.empty() ? nullptr : &s->reads.front();
@@ -181,7 +235,8 @@ static void rise(Sim *s) {
             s->writes.pop_front();
         }
     }
-    t->ap_clk = 1;
+    open_gates(t);
+    t->ap_clk ^= 1;
     evaluate(t);
     ++s->clocks;
     if (r) {
@@ -197,7 +252,12 @@ static void rise(Sim *s) {
 // One clock. A function of its own (not inlined): docs/benchmarks.md counts the
 // instructions executed inside it.
 __attribute__((noinline)) static void step(Sim *s) {
-    fall(s);
+    drive(s);
+    if (s->check_early) {
+        Early<Vdlbooster_decoder> before(s->top);
+        settle(s);
+        if (before != Early<Vdlbooster_decoder>(s->top)) ++s->early_reads;
+    }
     rise(s);
 }
 
@@ -224,6 +284,7 @@ void *dlb_open() {
     t->eval();
     for (int i = 0; i < 4; ++i) step(s);
     t->ap_rst_n = 1;
+    settle(s);
     return s;
 }
 
@@ -263,11 +324,13 @@ void dlb_set_port(void *h, uint32_t ready_percent, uint32_t latency, uint32_t se
 void dlb_reset(void *h, uint32_t clocks) {
     auto *s = (Sim *)h;
     s->top->ap_rst_n = 0;
+    settle(s);
     for (uint32_t i = 0; i < clocks; ++i) step(s);
     s->reads.clear();
     s->writes.clear();
     s->responses.clear();
     s->top->ap_rst_n = 1;
+    settle(s);
 }
 
 // One AXI4-Lite write; returns the clocks it took, or 0 if the slave did not answer.
@@ -345,7 +408,7 @@ uint64_t dlb_run(void *h, uint64_t max_clocks, int until_interrupt) {
 
 int dlb_interrupt(void *h) { return ((Sim *)h)->top->__SYM__interrupt; }
 
-// clocks, violations, first violation address, read beats, write beats.
+// clocks, violations, first violation address, read beats, write beats, early reads.
 void dlb_counters(void *h, uint64_t *out) {
     auto *s = (Sim *)h;
     out[0] = s->clocks;
@@ -353,5 +416,12 @@ void dlb_counters(void *h, uint64_t *out) {
     out[2] = s->first_violation;
     out[3] = s->read_beats;
     out[4] = s->write_beats;
+    out[5] = s->early_reads;
 }
+
+// Check every clock run by dlb_run and dlb_reset: evaluate once more after the clock's
+// memory-side inputs are applied and count the clocks in which a gate's enable or a
+// handshake output of the master changed (the clock's one evaluation read it before the
+// inputs: a design fault). Doubles the evaluations.
+void dlb_check_gates(void *h, int on) { ((Sim *)h)->check_early = on; }
 }
