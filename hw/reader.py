@@ -114,6 +114,7 @@ class JobReader(wiring.Component):
             m.d.sync += [bytes_left.eq(bytes_left - n), sub.eq(Mux(end_of_word, 0, sub + 1))]
         # From registers only (a clock gate's enable, hw/gating.py): an outstanding read
         # (``inflight``, counted from the request's issue) stands for ARREADY and RVALID.
+        # An AXI4 slave sends read data only for a request it accepted.
         m.d.comb += self.idle.eq(~(self.start | self.cancel | issue | (inflight != 0)
                                    | (o.valid & o.ready) | ((fifo.level != 0) & ~fifo.r_rdy)))
         m.d.comb += [self.quiet.eq(~ar_valid & (inflight == 0) & (fifo.level == 0)),

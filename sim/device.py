@@ -150,8 +150,8 @@ def build_device_library(lanes: int = 1, max_width: int = 8192, data_width: int 
                     "Yosys, Verilator and the C++ compiler take a few minutes, once; it is cached in %s",
                     lanes, max_width, root)
         start = time.monotonic()
-        verilog, _ = one_evaluation_per_clock(export_flat_verilog(Device(**params), TOP), "ap_clk")
-        lib = build_verilated(verilog, TOP, _CPP, _FLAGS, folder=root,
+        verilog, gates = one_evaluation_per_clock(export_flat_verilog(Device(**params), TOP), "ap_clk")
+        lib = build_verilated(verilog, TOP, _CPP, [*_FLAGS, "-CFLAGS", f"-DDLB_GATES={gates}"], folder=root,
                               name=TOP, output="libdlbdevice.so",
                               sources=[_CPP.read_text(), SPEED_CONFIG.read_text()])
         log.info("simulated decoder device ready after %.0f s: %s", time.monotonic() - start, lib)
@@ -235,7 +235,8 @@ class SimTransport:
                                 ("dlb_run", u64, [vp, u64, ctypes.c_int]),
                                 ("dlb_interrupt", ctypes.c_int, [vp]),
                                 ("dlb_counters", None, [vp, ctypes.POINTER(ctypes.c_uint64)]),
-                                ("dlb_check_gates", None, [vp, ctypes.c_int])):
+                                ("dlb_check_gates", None, [vp, ctypes.c_int]),
+                                ("dlb_test_unsettled_reset", None, [vp, ctypes.c_int])):
             fn = getattr(lib, name)
             fn.restype, fn.argtypes = res, args
         self._lib = lib

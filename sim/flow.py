@@ -125,8 +125,17 @@ def export_flat_verilog(component, name: str) -> str:
     return yosys.run(["-q", "-"], "\n".join(script), ignore_warnings=True)
 
 
-_LATCH = r"  always @\(negedge {clock}\)\n    (\\\S+ |[A-Za-z_]\w*) <= (.+);\n"
-_POSEDGE = re.compile(r"always @\(posedge (\\\S+ |[A-Za-z_]\w*)\)")
+_NAME = r"\\\S+ |[A-Za-z_]\w*"       # a Verilog identifier as Yosys writes it (escaped ones end in a space)
+_LATCH = r"  always @\(negedge {clock}\)\n    (" + _NAME + r") <= (.+);\n"
+_POSEDGE = re.compile(r"always @\(posedge (" + _NAME + r")\)")
+_SENSITIVITY = re.compile(r"always @\(posedge (" + _NAME + r") or negedge \1\)")
+
+
+def _uses(name: str, text: str) -> int:
+    """Occurrences of the identifier ``name`` in ``text``."""
+    if name.startswith("\\"):
+        return text.count(name)
+    return len(re.findall(rf"(?<![\w$.\\]){re.escape(name)}(?![\w$])", text))
 
 
 def one_evaluation_per_clock(verilog: str, clock: str) -> tuple[str, int]:
@@ -142,8 +151,8 @@ def one_evaluation_per_clock(verilog: str, clock: str) -> tuple[str, int]:
       ports: ``gate_open[i]``, the gate's enable expression, and ``gate_clk[i]``, the
       gated clock, which the harness toggles together with ``clock`` in the cycles whose
       ``gate_open[i]`` it read high before applying the cycle's inputs. That is the
-      gate's own behaviour as long as the enable depends on registers only, which
-      ``ClockGate`` requires (the harness can count the cycles where it does not,
+      gate's own behaviour as long as the enable depends on registers only, as
+      ``ClockGate`` asks (the harness counts the cycles where it did not with
       ``dlb_check_gates``).
 
     Returns the Verilog and the number of gates (``gate_clk``/``gate_open`` are that
@@ -151,8 +160,10 @@ def one_evaluation_per_clock(verilog: str, clock: str) -> tuple[str, int]:
 
     Raises:
         ValueError: the Verilog has a falling-edge register that is not a gate's enable
-            (one register used exactly once, as ``clock & enable``), or a process this
-            rewriting does not know.
+            (one register, used once, as ``clock & enable``), a process that is not a
+            register or memory port on ``clock`` or on a gate's clock, or a use of
+            ``clock`` or a gated clock other than as a clock (whose level the rewriting
+            changes).
     """
     gates = []
 
@@ -162,19 +173,35 @@ def one_evaluation_per_clock(verilog: str, clock: str) -> tuple[str, int]:
 
     text = re.sub(_LATCH.format(clock=re.escape(clock)), cut_latch, verilog)
     if f"negedge {clock}" in text:
-        raise ValueError(f"a falling-edge register of {clock} that is not a clock gate's enable")
+        raise ValueError(f"a falling-edge process on {clock} that is not a clock gate's enable register")
+    gate_clocks = []
     for i, (enable, expr) in enumerate(gates):
         text, declared = re.subn(rf"  reg {re.escape(enable)}( = [^;]+)?;\n", "", text)
         both = rf"(?:{re.escape(clock)} & {re.escape(enable)}|{re.escape(enable)} & {re.escape(clock)})"
-        text, used = re.subn(rf"  assign (\\\S+ |[A-Za-z_]\w*) = {both};\n",
-                             lambda m: f"  assign {m.group(1)} = gate_clk[{i}];\n"
-                                       f"  assign gate_open[{i}] = {expr};\n", text)
-        if declared != 1 or used != 1 or enable in text:
+
+        def port(match, i=i, expr=expr):
+            gate_clocks.append(match.group(1))
+            return f"  assign {match.group(1)} = gate_clk[{i}];\n  assign gate_open[{i}] = {expr};\n"
+
+        text, used = re.subn(rf"  assign ({_NAME}) = {both};\n", port, text)
+        if declared != 1 or used != 1 or _uses(enable, text):
             raise ValueError(f"falling-edge register {enable.strip()} of {clock} is not a clock gate's enable "
-                             f"(one register, used once as {clock} & enable)")
+                             f"(one register, used once, as {clock} & enable)")
     text, processes = _POSEDGE.subn(lambda m: f"always @(posedge {m.group(1)} or negedge {m.group(1)})", text)
     if text.count("always @(") != processes:
-        raise ValueError("a process that is not a clocked register or memory port")
+        raise ValueError("a process that is not a register or memory port on one clock's rising edge")
+    # Each clock now changes level once per cycle: it may clock processes, nothing else.
+    rest = _SENSITIVITY.sub("always @()", text)
+    clocked = set(_SENSITIVITY.findall(text))
+    if not clocked <= {clock, *gate_clocks}:
+        raise ValueError(f"processes on {sorted(c.strip() for c in clocked - {clock, *gate_clocks})}, "
+                         f"neither {clock} nor a clock gate's clock")
+    names = "|".join(re.escape(name) for name in (clock, *gate_clocks))
+    rest = re.sub(rf"^module \w+\((?s:.*?)\);|^  (?:input|wire) (?:{names});\n"
+                  rf"|^  assign (?:{_NAME}) *= gate_clk\[\d+\];\n", "", rest, flags=re.M)
+    for name in (clock, *gate_clocks):
+        if _uses(name, rest):
+            raise ValueError(f"{name.strip()} is used other than as a clock")
     if gates:
         n = len(gates)
         header = re.search(r"^module \w+\((?s:.*?)\);", text, re.M)

@@ -380,15 +380,20 @@ def test_one_evaluation_per_clock_makes_each_gate_a_port_pair_and_every_register
     from dlbooster.sim.flow import export_flat_verilog, one_evaluation_per_clock
 
     flat = export_flat_verilog(_gated_counters(), "top")
-    assert len(re.findall(r"always @\(negedge clk\)", flat)) == 1       # the gate's enable
+    (enable, expr), = re.findall(r"always @\(negedge clk\)\n    (\S+ ?) <= (.+);", flat)   # the gate's enable
+    gated_clock, = re.findall(rf"assign (\S+ ?) = clk & {re.escape(enable)};", flat)
     text, gates = one_evaluation_per_clock(flat, "clk")
     assert gates == 1
     header = re.search(r"module top\((.*?)\);", text, re.S).group(1)
     assert {"gate_clk", "gate_open", "clk", "go"} <= {p.strip() for p in header.split(",")}
     assert "  input [0:0] gate_clk;\n  output [0:0] gate_open;\n" in text
-    # The enable's expression (go, or the reset) drives gate_open; the gated clock is the port.
-    assert re.search(r"assign gate_open\[0\] = \S+ ?;", text)
-    assert re.search(r"assign \S+ += gate_clk\[0\];", text)
+    # The enable register's input drives gate_open; the gated clock is the port, and it
+    # clocks the gated counter.
+    assert f"  assign gate_open[0] = {expr};\n" in text
+    assert f"  assign {gated_clock} = gate_clk[0];\n" in text
+    assert re.search(rf"always @\(posedge {re.escape(gated_clock)} or negedge {re.escape(gated_clock)}\)\n"
+                     r"    if \(rst\) gated <= ", text)
+    assert enable not in text and "clk &" not in text
     processes = re.findall(r"always @\((.*?)\)", text)
     assert len(processes) >= 2
     for sensitivity in processes:
@@ -431,14 +436,28 @@ def test_one_evaluation_per_clock_refuses_what_it_cannot_rewrite():
             m.d.fall += self.q.eq(self.d)
             return m
 
-    with pytest.raises(ValueError, match="falling-edge register"):
+    with pytest.raises(ValueError, match=r"falling-edge register q of clk is not a clock gate's enable \(one"):
         one_evaluation_per_clock(export_flat_verilog(FallingEdgeData(), "top"), "clk")
     flat = export_flat_verilog(_gated_counters(), "top")
+    one_evaluation_per_clock(flat, "clk")
+    latch = re.search(r"  always @\(negedge clk\)\n    (\S+ ?) <= (.+);\n", flat)
+    with pytest.raises(ValueError, match="a falling-edge process on clk that is not"):
+        one_evaluation_per_clock(flat.replace(latch.group(0), latch.group(0).replace(
+            "negedge clk)\n", "negedge clk) begin\n") + "  end\n"), "clk")
     gated_clock = re.search(r"  assign (\S+ ?) = clk & (\S+ ?);\n", flat)
     twice = flat.replace(gated_clock.group(0), gated_clock.group(0) + gated_clock.group(0).replace(
         gated_clock.group(1), "\\other_clk ", 1))
     with pytest.raises(ValueError, match="is not a clock gate's enable"):
         one_evaluation_per_clock(twice, "clk")
-    with pytest.raises(ValueError, match="a process"):
+    with pytest.raises(ValueError, match="rising edge"):
         one_evaluation_per_clock(flat.replace("always @(posedge clk)", "always @(posedge clk or posedge go)", 1),
                                  "clk")
+    # A clock of another kind (a divided clock, say) would run at twice its rate.
+    with pytest.raises(ValueError, match=r"processes on \['go'\], neither clk nor"):
+        one_evaluation_per_clock(flat.replace("always @(posedge clk)", "always @(posedge go)", 1), "clk")
+    # The clock's level changes once per cycle after the rewriting: no logic may read it.
+    counter = re.search(r"  assign (\S+ ?) = every \+ 1'h1;", flat).group(0)
+    with pytest.raises(ValueError, match="clk is used other than as a clock"):
+        one_evaluation_per_clock(flat.replace(counter, counter.replace("1'h1", "clk")), "clk")
+    with pytest.raises(ValueError, match="used other than as a clock"):
+        one_evaluation_per_clock(flat.replace(counter, counter.replace("1'h1", gated_clock.group(1))), "clk")

@@ -225,7 +225,14 @@ def test_four_lanes_busy_out_of_order_and_identical_to_one_lane(sim1, sim4):
     assert {d.lane for d in done} == {0, 1, 2, 3}
     for b in bufs:
         b.free()
-    four = device.decode_batch(items)
+    # With 36 clock gates, no clock's one evaluation read an enable or a master output early.
+    sim4.check_gates()
+    early = sim4.counters()["early_reads"]
+    try:
+        four = device.decode_batch(items)
+    finally:
+        sim4.check_gates(False)
+    assert sim4.counters()["early_reads"] == early == 0
     _check_against_pillow(files, four)
     for a, b in zip(one, four):
         assert (a.completion.status, a.completion.width, a.completion.height, a.completion.symbols,
@@ -686,6 +693,38 @@ def test_clock_gating_changes_no_result_and_no_clock(sim1):
         assert (a.image is None) == (b.image is None) and (a.image is None or (a.image == b.image).all()), name
     statuses = {o.completion.status for o in gated}
     assert 0 in statuses and len(statuses) >= 4, statuses
+
+
+def test_the_gate_check_counts_a_clock_that_reads_an_output_early(sim1):
+    """``SimTransport.check_gates`` counts a clock whose one evaluation read a master
+    output that the clock's inputs change: here ap_rst_n driven low without the settling
+    evaluation (a test instrument) while a read request waits for ARREADY, so ARVALID,
+    which the reset forces low, was read high. A sound clock counts nothing."""
+    from dlbooster.sim.device import PortBehaviour
+
+    device = _fresh(sim1)
+    data = gen(40, 24, subsampling=2, quality=85)
+    src, dst = sim1.allocate(len(data), writable=False), sim1.allocate(_cap(data))
+    src.array[:] = np.frombuffer(data, np.uint8)
+    sim1.set_port(PortBehaviour(stall_reads=True))
+    assert device.submit(7, src.device_address, len(data), dst.device_address, _cap(data))
+    sim1.run(100)
+    sim1.check_gates()
+    try:
+        early = sim1.counters()["early_reads"]
+        sim1.run(20)
+        assert sim1.counters()["early_reads"] == early
+        sim1._lib.dlb_test_unsettled_reset(sim1._h, 0)
+        sim1.run(1)
+        assert sim1.counters()["early_reads"] == early + 1
+        sim1.run(5)
+        assert sim1.counters()["early_reads"] == early + 1
+    finally:
+        sim1.check_gates(False)
+        sim1.set_port(PortBehaviour())
+        sim1.reset()
+        src.free()
+        dst.free()
 
 
 def test_cli_bench_device_with_and_without_clock_gating(tmp_path, capsys):
