@@ -77,8 +77,8 @@ class LaneEngine(wiring.Component):
         lane_reset = Signal()
         m.submodules.lane = lane = Lane(self.max_width, self.idct_lanes, clock_gating=self.clock_gating)
         m.d.comb += lane.reset.eq(lane_reset)
-        # The reader waits for memory most of the time (busy in about a fifth of a photo's
-        # clocks).
+        # Most of the time the reader waits with nothing in flight while the lane takes
+        # its buffered bytes.
         reader_gate = ClockGate("reader", self.clock_gating)
         reader = JobReader(self.data_width)
         m.submodules.reader = reader_gate.wrap(reader)

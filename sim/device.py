@@ -214,6 +214,8 @@ class SimTransport:
     """
 
     name = "sim"
+    # dlb_counters's values, in its order.
+    _COUNTERS = ("clocks", "violations", "first_violation", "read_beats", "write_beats", "early_reads")
 
     def __init__(self, lanes: int = 1, max_width: int = 8192, data_width: int = 128,
                  job_depth: int = 16, done_depth: int = 16, clock_gating: bool = True):
@@ -249,7 +251,7 @@ class SimTransport:
         self._memory = np.ctypeslib.as_array(lib.dlb_memory(self._h), shape=(self.memory_bytes,))
         self._free = [(self.base, self.memory_bytes)]    # sorted (address, size) ranges
         self._ok = ctypes.c_int()
-        self._counters = (ctypes.c_uint64 * 6)()
+        self._counters = (ctypes.c_uint64 * len(self._COUNTERS))()
 
     # Context management.
     def __enter__(self):
@@ -342,8 +344,8 @@ class SimTransport:
 
     def check_gates(self, on: bool = True) -> None:
         """Count, from now on, the clocks whose single evaluation read a clock gate's enable
-        or a handshake output of the AXI4 master before that clock's memory-side inputs
-        had settled it (``early_reads`` in :meth:`counters`; always 0 for a sound design,
+        or an output of the AXI4 master before that clock's memory-side inputs had settled
+        it (``early_reads`` in :meth:`counters`; always 0 for a sound design,
         see :func:`dlbooster.sim.flow.one_evaluation_per_clock`). Each clock then costs a
         second evaluation."""
         self._lib.dlb_check_gates(self._h, int(on))
@@ -353,5 +355,4 @@ class SimTransport:
         ``read_beats`` and ``write_beats`` on the AXI4 master, since the start; and
         ``early_reads`` (:meth:`check_gates`)."""
         self._lib.dlb_counters(self._h, self._counters)
-        keys = ("clocks", "violations", "first_violation", "read_beats", "write_beats", "early_reads")
-        return dict(zip(keys, (int(v) for v in self._counters)))
+        return dict(zip(self._COUNTERS, (int(v) for v in self._counters)))

@@ -36,8 +36,8 @@ __all__ = ["CacheError", "cache_path", "cache_root", "make_folder", "toolchain_e
 #: harnesses), before ``--top-module`` and the C++ flags. ``--no-assert``: Verilator
 #: checks every Yosys ``$pmux`` (written as a ``parallel_case``) for a one-hot select at
 #: run time, 14 % of the device's simulation time; the cocotb runs keep those checks.
-# verilated.mk compiles the harness (the build's own C++ file) with OPT_FAST after the
-# -CFLAGS, so its default -Os would win there; the model's files take -CFLAGS last.
+#: ``OPT_FAST=-O2``: verilated.mk compiles the harness (the build's own C++ file) with
+#: OPT_FAST after the ``-CFLAGS``, so its default ``-Os`` would win there.
 VERILATOR_FLAGS = ("--cc", "--exe", "--build", "-j", "2", "-O3", "--x-assign", "fast", "--x-initial", "fast",
                    "--no-assert", "-Wno-fatal", "-MAKEFLAGS", "OPT_FAST=-O2")
 # Configuration file of the C++ simulation builds (see the file); its text is part of each
@@ -129,6 +129,7 @@ _NAME = r"\\\S+ |[A-Za-z_]\w*"       # a Verilog identifier as Yosys writes it (
 _LATCH = r"  always @\(negedge {clock}\)\n    (" + _NAME + r") <= (.+);\n"
 _POSEDGE = re.compile(r"always @\(posedge (" + _NAME + r")\)")
 _SENSITIVITY = re.compile(r"always @\(posedge (" + _NAME + r") or negedge \1\)")
+_HEADER = re.compile(r"^module \w+\((?s:.*?)\);", re.M)
 
 
 def _uses(name: str, text: str) -> int:
@@ -197,14 +198,14 @@ def one_evaluation_per_clock(verilog: str, clock: str) -> tuple[str, int]:
         raise ValueError(f"processes on {sorted(c.strip() for c in clocked - {clock, *gate_clocks})}, "
                          f"neither {clock} nor a clock gate's clock")
     names = "|".join(re.escape(name) for name in (clock, *gate_clocks))
-    rest = re.sub(rf"^module \w+\((?s:.*?)\);|^  (?:input|wire) (?:{names});\n"
-                  rf"|^  assign (?:{_NAME}) *= gate_clk\[\d+\];\n", "", rest, flags=re.M)
+    rest = re.sub(rf"^  (?:input|wire) (?:{names});\n|^  assign (?:{_NAME}) *= gate_clk\[\d+\];\n", "",
+                  _HEADER.sub("", rest, count=1), flags=re.M)
     for name in (clock, *gate_clocks):
         if _uses(name, rest):
             raise ValueError(f"{name.strip()} is used other than as a clock")
     if gates:
         n = len(gates)
-        header = re.search(r"^module \w+\((?s:.*?)\);", text, re.M)
+        header = _HEADER.search(text)
         text = (text[:header.end() - 2] + ", gate_clk, gate_open" + text[header.end() - 2:])
         text = text.replace(f"  input {clock};\n",
                             f"  input {clock};\n  input [{n - 1}:0] gate_clk;\n  output [{n - 1}:0] gate_open;\n", 1)

@@ -243,7 +243,7 @@ def test_a_gated_job_reader_makes_the_same_requests_and_beats():
     the reader is quiet (as the lane engine does), short jobs whose last word lands in
     an empty FIFO (its output register refills after the last read is done), and a reset:
     the same requests, beats and status, clock for clock; the gate shuts while the reader
-    waits for memory."""
+    has no read in flight and waits for the lane."""
     rng = random.Random(4)
     pair = _Pair(lambda: JobReader(128, depth=32, burst=16))
     blocks = (pair.free, pair.gated)

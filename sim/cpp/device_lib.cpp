@@ -116,12 +116,8 @@ static void violation(Sim *s, uint64_t addr) {
 // changes an input other than the memory side's (ap_rst_n, the AXI4-Lite requests), it
 // evaluates once without a clock edge (settle) before the next clock.
 
-// The design's clock gates, when it has any: DLB_GATES, from the build
-// (dlbooster.sim.device), says how many the rewriting found.
-template <class M, class = void> struct HasGates : std::false_type {};
-template <class M> struct HasGates<M, std::void_t<decltype(std::declval<M &>().gate_open)>> : std::true_type {};
-static_assert(HasGates<Vdlbooster_decoder>::value == (DLB_GATES > 0), "gate ports and DLB_GATES disagree");
-
+// DLB_GATES, from the build (dlbooster.sim.device), is the number of clock gates the
+// rewriting found: the model has gate_open and gate_clk ports when it is not 0.
 template <class T> static inline void toggle(T &clk, const T &open) { clk ^= open; }
 template <std::size_t N> static inline void toggle(VlWide<N> &clk, const VlWide<N> &open) {
     for (std::size_t i = 0; i < N; ++i) clk[i] ^= open[i];
@@ -132,25 +128,30 @@ template <std::size_t N> static inline bool differs(const VlWide<N> &a, const Vl
 }
 
 // The C++ type of gate_open (CData .. QData, or VlWide for more than 64 gates).
-template <class M, bool = HasGates<M>::value> struct GateWord { using type = uint8_t; };
-template <class M> struct GateWord<M, true> {
-    using type = std::remove_reference_t<decltype(std::declval<M &>().gate_open)>;
-};
+#if DLB_GATES
+using GateWord = std::remove_reference_t<decltype(std::declval<Vdlbooster_decoder &>().gate_open)>;
+#else
+using GateWord = uint8_t;
+#endif
 
-template <class M> static inline void open_gates(M *t) {
-    if constexpr (HasGates<M>::value) toggle(t->gate_clk, t->gate_open);
+static inline void open_gates(Vdlbooster_decoder *t) {
+#if DLB_GATES
+    toggle(t->gate_clk, t->gate_open);
+#else
+    (void)t;
+#endif
 }
 
 // What a clock's evaluation reads before the clock's inputs settle: the gates' enables and
 // the master's outputs that tick() samples.
-template <class M> struct Early {
+struct Early {
     uint8_t valids;
     uint64_t araddr, awaddr;
     uint32_t ids_lens, wlast;
     uint64_t wstrb;
     uint8_t wdata[WORD_BYTES];
-    typename GateWord<M>::type open{};
-    explicit Early(M *t)
+    GateWord open{};
+    explicit Early(Vdlbooster_decoder *t)
         : valids(t->m_axi_gmem_arvalid | t->m_axi_gmem_awvalid << 1 | t->m_axi_gmem_wvalid << 2 |
                  t->m_axi_gmem_rready << 3 | t->m_axi_gmem_bready << 4),
           araddr(t->m_axi_gmem_araddr), awaddr(t->m_axi_gmem_awaddr),
@@ -158,7 +159,9 @@ template <class M> struct Early {
                    (uint32_t)t->m_axi_gmem_awlen << 24),
           wlast(t->m_axi_gmem_wlast), wstrb(t->m_axi_gmem_wstrb) {
         load_word(wdata, t->m_axi_gmem_wdata);
-        if constexpr (HasGates<M>::value) open = t->gate_open;
+#if DLB_GATES
+        open = t->gate_open;
+#endif
     }
     bool operator!=(const Early &o) const {
         return valids != o.valids || araddr != o.araddr || awaddr != o.awaddr || ids_lens != o.ids_lens ||
@@ -272,9 +275,9 @@ static void tick(Sim *s) {
 __attribute__((noinline)) static void step(Sim *s) {
     drive(s);
     if (s->check_early) {
-        Early<Vdlbooster_decoder> before(s->top);
+        Early before(s->top);
         settle(s);
-        if (before != Early<Vdlbooster_decoder>(s->top)) ++s->early_reads;
+        if (before != Early(s->top)) ++s->early_reads;
     }
     tick(s);
 }
