@@ -564,8 +564,17 @@ class Idct(wiring.Component):
                          e2.by.eq(e1.tag.by), e2.row.eq(e1.group * lanes),
                          e2.last.eq(e1.group == beats - 1), e2_ok.eq(e1.tag.ok)]
             for n in range(8 * lanes):
-                s = e1.v[n] + 128      # v & 1023, sign-extended (in range: v itself)
-                m.d.sync += e2.samples[n].eq(Mux(s < 0, 0, Mux(s > 255, 255, s)))
+                # clamp(v + 128, 0, 255) for the 10-bit v (v & 1023 sign-extended; in
+                # range: v itself) from its bits: below -128 when negative and bits 9..7
+                # are not all set, above 127 when positive and bit 8 or 7 is set, else
+                # v + 128, which is v's low byte with bit 7 flipped. The same function as
+                # an adder and two compares, without the adder: a simulator evaluates
+                # a few bit operations instead of sign extensions and an 11-bit sum.
+                v = e1.v[n]
+                high = v[7:10]
+                below = v[9] & (high != 0b111)
+                above = ~v[9] & (high != 0)
+                m.d.sync += e2.samples[n].eq(Mux(below, 0, Mux(above, 255, v[:8] ^ 0x80)))
         m.d.comb += [self.o.valid.eq(e2_valid), self.o.payload.eq(e2),
                      self.o.payload.range_fault.eq(~e2_ok)]
         return m

@@ -24,6 +24,8 @@ import json
 import logging
 import os
 import re
+import subprocess
+import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -31,13 +33,14 @@ from pathlib import Path
 import numpy as np
 
 from .flow import (SPEED_CONFIG, VERILATOR_FLAGS, build_environment_key, build_verilated, cache_root,
-                   export_flat_verilog, make_folder, one_evaluation_per_clock, product_ok, toolchain_env,
-                   verilator_version)
+                   compiler_is_gcc, export_flat_verilog, make_folder, one_evaluation_per_clock, product_ok,
+                   toolchain_env, verilator_version)
 
 __all__ = ["SimTransport", "SimBuffer", "build_device_library", "PortBehaviour"]
 
 log = logging.getLogger(__name__)
 _CPP = Path(__file__).parent / "cpp" / "device_lib.cpp"
+_PGO = Path(__file__).parent / "pgo.py"      # the profile-guided build's training run
 TOP = "dlbooster_decoder"
 PAGE = 4096
 _FLAGS = ["-CFLAGS", "-O2 -fPIC", "-LDFLAGS", "-shared"]    # after VERILATOR_FLAGS: a shared library
@@ -96,7 +99,7 @@ def source_key(params: dict, files: list[Path], flags: list[str]) -> str:
 
 
 def _source_key(params: dict) -> str:
-    return source_key(params, [_CPP], _FLAGS)
+    return source_key(params, [_CPP, _PGO], _FLAGS)
 
 
 def indexed_build(root: Path, key: str, build) -> Path:
@@ -130,17 +133,23 @@ def build_device_library(lanes: int = 1, max_width: int = 8192, data_width: int 
     Arguments as for :class:`dlbooster.hw.device.Device`; ``clock_gating`` (on by
     default: the simulation runs 1.4 to 1.6 times faster with the same results,
     docs/benchmarks.md) can be turned off to simulate the boards' design itself. A first
-    build takes minutes (elaboration, Yosys flattening, Verilator and the C++ compiler);
-    later calls return at once.
+    build takes minutes (elaboration, Yosys flattening, Verilator, and with GCC a
+    profile-guided C++ build: an instrumented compile, a training run of
+    :mod:`dlbooster.sim.pgo`, about 10 seconds, and the final compile); later calls
+    return at once.
 
     Raises:
-        subprocess.CalledProcessError: the Verilator or C++ build failed (its build.log
-            says why).
+        subprocess.CalledProcessError: the Verilator or C++ build, or the training run
+            failed (its build.log says why).
     """
     toolchain_env()
     params = {"lanes": lanes, "max_width": max_width, "data_width": data_width,
               "job_depth": job_depth, "done_depth": done_depth, "clock_gating": clock_gating}
     root = make_folder(cache_root() / "device")
+
+    def train(instrumented: Path, build_log, pass_fds) -> None:
+        subprocess.run([sys.executable, "-m", "dlbooster.sim.pgo", str(instrumented), str(max_width)],
+                       check=True, stdout=build_log, stderr=subprocess.STDOUT, pass_fds=pass_fds)
 
     def build() -> Path:
         from dlbooster.hw.device import Device
@@ -153,7 +162,8 @@ def build_device_library(lanes: int = 1, max_width: int = 8192, data_width: int 
         verilog, gates = one_evaluation_per_clock(export_flat_verilog(Device(**params), TOP), "ap_clk")
         lib = build_verilated(verilog, TOP, _CPP, [*_FLAGS, "-CFLAGS", f"-DDLB_GATES={gates}"], folder=root,
                               name=TOP, output="libdlbdevice.so",
-                              sources=[_CPP.read_text(), SPEED_CONFIG.read_text()])
+                              sources=[_CPP.read_text(), SPEED_CONFIG.read_text(), _PGO.read_text()],
+                              train=train if compiler_is_gcc() else None)
         log.info("simulated decoder device ready after %.0f s: %s", time.monotonic() - start, lib)
         return lib
 
@@ -208,6 +218,9 @@ class SimTransport:
     Args:
         lanes, max_width, data_width, job_depth, done_depth, clock_gating: the build
             (:func:`build_device_library`).
+        library: a device library already built (its path) to load instead; the other
+            arguments are then ignored (the driver reads the build's parameters from the
+            device's registers).
 
     Raises:
         RuntimeError: the library does not load or the simulation does not start.
@@ -218,8 +231,10 @@ class SimTransport:
     _COUNTERS = ("clocks", "violations", "first_violation", "read_beats", "write_beats", "early_reads")
 
     def __init__(self, lanes: int = 1, max_width: int = 8192, data_width: int = 128,
-                 job_depth: int = 16, done_depth: int = 16, clock_gating: bool = True):
-        path = build_device_library(lanes, max_width, data_width, job_depth, done_depth, clock_gating)
+                 job_depth: int = 16, done_depth: int = 16, clock_gating: bool = True,
+                 library: str | Path | None = None):
+        path = library or build_device_library(lanes, max_width, data_width, job_depth, done_depth,
+                                               clock_gating)
         try:
             lib = ctypes.CDLL(str(path))
         except OSError as exc:

@@ -29,7 +29,8 @@ log = logging.getLogger(__name__)
 
 __all__ = ["CacheError", "cache_path", "cache_root", "make_folder", "toolchain_env", "export_verilog",
            "export_flat_verilog", "one_evaluation_per_clock", "simulator_available", "run_cocotb", "lint_verilog",
-           "verilator_version", "build_verilated", "build_environment_key", "product_ok"]
+           "verilator_version", "build_verilated", "build_environment_key", "product_ok", "compiler_is_gcc",
+           "PROFILE_GENERATE", "PROFILE_USE"]
 
 
 #: Verilator flags of the C++ harnesses (the simulated device, the lane and core
@@ -258,6 +259,13 @@ def build_environment_key() -> list[str]:
     return [value(name) for name in _BUILD_ENV] + [_compiler_version(os.environ.get("CXX") or "c++")]
 
 
+def compiler_is_gcc() -> bool:
+    """Whether the C++ compiler (``$CXX``, else ``c++``) is GCC: :data:`PROFILE_USE`'s
+    flags and its ``.gcda`` profiles are GCC's (clang's PGO needs ``llvm-profdata``)."""
+    version = _compiler_version(os.environ.get("CXX") or "c++")
+    return "Free Software Foundation" in version and "clang" not in version
+
+
 def product_ok(product: Path) -> bool:
     """Whether ``product`` is a build that finished: it exists and its bytes hash to
     the record written beside it when its build ended (``NAME.sha256``). A build killed
@@ -279,8 +287,16 @@ def _pch_makeflags(makeflags: str | None) -> str:
     return " ".join(filter(None, [makeflags, "CFG_CXXFLAGS_PCH_I=-include"]))
 
 
+#: GCC flags of a profile-guided build's two compiles (:func:`build_verilated`'s
+#: ``train``). ``-fprofile-partial-training``: code the training run never reached is
+#: optimised as usual, not for size; ``-fprofile-correction``: counters that disagree
+#: (GCC's are not atomic) are smoothed instead of failing the compile.
+PROFILE_GENERATE = ["-CFLAGS", "-fprofile-generate", "-LDFLAGS", "-fprofile-generate"]
+PROFILE_USE = ["-CFLAGS", "-fprofile-use -fprofile-partial-training -fprofile-correction"]
+
+
 def build_verilated(verilog: str, top: str, cpp: Path, flags: list[str], *, folder: Path, name: str,
-                    output: str, sources: list[str]) -> Path:
+                    output: str, sources: list[str], train=None) -> Path:
     """Build (or reuse) a C++ simulation of ``verilog`` with Verilator; returns the path
     of the built executable or library.
 
@@ -300,14 +316,23 @@ def build_verilated(verilog: str, top: str, cpp: Path, flags: list[str], *, fold
     Args:
         flags: the build's own Verilator flags (``-CFLAGS``, ``-LDFLAGS``).
         output: the file name of the product inside the build folder.
+        train: for a GCC profile-guided build, ``train(product, log, pass_fds)``, which
+            runs the instrumented product (:data:`PROFILE_GENERATE`) on a representative
+            workload in a process of its own (GCC writes the profile, ``obj/*.gcda``,
+            when that process exits) and raises ``subprocess.CalledProcessError`` if it
+            fails; ``log`` is build.log, open for writing, and ``pass_fds`` the file
+            descriptors the process must inherit (the lock, as the compiler does). The
+            product is then compiled again with :data:`PROFILE_USE`.
 
     Raises:
         subprocess.CalledProcessError: Verilator or the C++ build failed (see build.log).
         CacheError: the cache folder cannot be written.
     """
     cmd_flags = [*VERILATOR_FLAGS, "--top-module", top, *flags]
-    digest = hashlib.sha256("\0".join([verilog, *sources, verilator_version(), *cmd_flags,
-                                       *build_environment_key()]).encode()).hexdigest()[:16]
+    key = [verilog, *sources, verilator_version(), *cmd_flags, *build_environment_key()]
+    if train is not None:
+        key += [*PROFILE_GENERATE, *PROFILE_USE]
+    digest = hashlib.sha256("\0".join(key).encode()).hexdigest()[:16]
     build_dir = folder / f"{name}-{digest}"
     product = build_dir / output
     if product_ok(product):               # no lock needed (a read-only cache works)
@@ -327,11 +352,28 @@ def build_verilated(verilog: str, top: str, cpp: Path, flags: list[str], *, fold
             except OSError as exc:
                 raise CacheError(f"build cache {build_dir}: {exc.strerror or exc}") from exc
             env = dict(os.environ, MAKEFLAGS=_pch_makeflags(os.environ.get("MAKEFLAGS")))
-            cmd = ["verilator", *cmd_flags, "-Mdir", str(build_dir / "obj"), "-o", str(partial),
-                   str(SPEED_CONFIG), str(build_dir / f"{top}.v"), str(cpp)]
-            with build_log:
+            obj = build_dir / "obj"
+
+            def verilate(*extra: str) -> None:
+                cmd = ["verilator", *cmd_flags, *extra, "-Mdir", str(obj), "-o", str(partial),
+                       str(SPEED_CONFIG), str(build_dir / f"{top}.v"), str(cpp)]
+                build_log.flush()
                 subprocess.run(cmd, check=True, stdout=build_log, stderr=subprocess.STDOUT, env=env,
                                pass_fds=(lock.fileno(),))
+
+            with build_log:
+                if train is None:
+                    verilate()
+                else:
+                    # An interrupted build's objects and profile: make would take them as built.
+                    for stale in [*obj.glob("*.gcda"), *obj.glob("*.o"), *obj.glob("*.gch")]:
+                        stale.unlink()
+                    verilate(*PROFILE_GENERATE)
+                    train(partial, build_log, (lock.fileno(),))
+                    # make does not see changed flags: the objects go, the profile stays.
+                    for built in [*obj.glob("*.o"), *obj.glob("*.gch"), partial]:
+                        built.unlink()
+                    verilate(*PROFILE_USE)
             with open(partial, "rb") as f:
                 sha = hashlib.file_digest(f, "sha256").hexdigest()
             os.replace(partial, product)

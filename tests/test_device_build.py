@@ -114,6 +114,88 @@ def _counter_build(folder: Path, cpp: Path, step: int) -> Path:
                            name="counter", output="Vcounter", sources=[_COUNTER_MAIN])
 
 
+def _gcc() -> bool:
+    from dlbooster.sim.flow import compiler_is_gcc
+
+    return compiler_is_gcc()
+
+
+@pytest.mark.skipif(not simulator_available("verilator") or not _gcc(), reason="verilator or GCC missing")
+def test_a_profile_guided_build_trains_the_instrumented_product_then_compiles_it_with_the_profile(tmp_path):
+    """``train`` runs once, on an instrumented product that writes GCC's profile; the
+    product is then compiled from that profile (and is no longer instrumented: running it
+    writes no profile); its cache folder is not the plain build's; a failing training run
+    fails the build."""
+    import subprocess
+
+    from dlbooster.sim.flow import build_verilated
+
+    cpp = tmp_path / "main.cpp"
+    cpp.write_text(_COUNTER_MAIN)
+    folder = tmp_path / "cache"
+    runs = []
+
+    def train(product: Path, log, pass_fds) -> None:
+        assert len(pass_fds) == 1           # the build's lock, for the training process to hold
+        obj = product.parent / "obj"
+        assert not list(obj.glob("*.gcda"))
+        out = subprocess.run([str(product)], capture_output=True, text=True, check=True).stdout
+        runs.append((out, sorted(p.name for p in obj.glob("*.gcda"))))
+        log.write(f"trained: {out}")
+
+    def build(step: int, train) -> Path:
+        return build_verilated(_COUNTER.format(step=step), "counter", cpp, ["-CFLAGS", "-O1"], folder=folder,
+                               name="counter", output="Vcounter", sources=[_COUNTER_MAIN], train=train)
+
+    exe = build(3, train)
+    assert len(runs) == 1
+    out, profiles = runs[0]
+    assert out == "30\n" and "main.gcda" in profiles
+    log = (exe.parent / "build.log").read_text()
+    assert "trained: 30" in log and "-fprofile-use" in log
+    obj = exe.parent / "obj"
+    before = {p: p.stat().st_mtime_ns for p in obj.glob("*.gcda")}
+    assert subprocess.run([str(exe)], capture_output=True, text=True, check=True).stdout == "30\n"
+    assert {p: p.stat().st_mtime_ns for p in obj.glob("*.gcda")} == before
+    assert build(3, train) == exe and len(runs) == 1
+    assert build(3, None).parent != exe.parent
+
+    def failing(product: Path, log, pass_fds) -> None:
+        subprocess.run(["false"], check=True)
+
+    with pytest.raises(subprocess.CalledProcessError):
+        build(7, failing)
+    assert len(list(folder.glob("counter-*/"))) == 3
+    assert sorted(folder.glob("counter-*/Vcounter")) == sorted([exe, build(3, None)])
+
+
+@pytest.mark.parametrize("max_width", [64, 256, 8192])
+def test_the_profile_run_covers_the_hardware_profile_s_subsamplings_restarts_and_qualities(max_width):
+    """The training JPEGs of the profile-guided device build are all hardware-decodable at
+    the build's line-buffer width, and cover 4:2:0, 4:2:2, 4:4:4 and grayscale, a restart
+    interval and several quantisation tables."""
+    from dlbooster import jpeg
+    from dlbooster.sim.pgo import workload
+
+    infos = [jpeg.parse(f) for f in workload(max_width)]
+    assert [jpeg.classify(i, max_width=max_width) for i in infos] == [None] * len(infos)
+    assert {i.subsampling for i in infos} == {"4:2:0", "4:2:2", "4:4:4", "gray"}
+    assert any(i.scans[0].restart_interval for i in infos)
+    assert len({i.scans[0].qtables[0].tobytes() for i in infos}) >= 5
+    assert all(i.frame.width == min(256, max_width) for i in infos)
+
+
+@pytest.mark.skipif(not simulator_available("verilator") or not _gcc(), reason="verilator or GCC missing")
+def test_the_device_library_is_profile_guided_and_its_training_run_decodes_like_pillow():
+    """The 1-lane device library (the build the device tests share) was compiled from a
+    training run's profile, and that run's seven images equal Pillow's decodes."""
+    from dlbooster.sim.device import build_device_library
+
+    log = (build_device_library(lanes=1, max_width=256).parent / "build.log").read_text()
+    assert "profile run: 7 images, 0 different from Pillow" in log
+    assert "-fprofile-generate" in log and "-fprofile-use" in log
+
+
 @pytest.mark.skipif(not simulator_available("verilator"), reason="verilator not installed")
 def test_a_partial_or_damaged_build_is_built_again(tmp_path, monkeypatch):
     """A product that a killed linker left (no record of a finished build), or one
