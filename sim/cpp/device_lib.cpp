@@ -42,6 +42,7 @@ static const uint64_t MEM_BYTES = 1ull << 32;
 static const uint64_t PAGE = 4096;
 
 static const int WORD_BYTES = sizeof(((Vdlbooster_decoder *)nullptr)->m_axi_gmem_rdata);
+static const uint64_t ALL_STROBES = WORD_BYTES >= 64 ? ~0ull : (1ull << WORD_BYTES) - 1;
 
 // Bus words as bytes, whatever C++ type Verilator gives the port (QData or VlWide).
 template <class T> static inline void store_word(T &port, const uint8_t *src) { memcpy(&port, src, sizeof port); }
@@ -64,10 +65,11 @@ struct Burst {
 struct Chance {
     uint32_t state = 1;
     bool operator()(uint32_t percent) {
+        if (percent >= 100) return true;   // no gaps: nothing drawn (dlb_set_port reseeds)
         state ^= state << 13;
         state ^= state >> 17;
         state ^= state << 5;
-        return percent >= 100 || state % 100 < percent;
+        return state % 100 < percent;
     }
 };
 
@@ -237,14 +239,18 @@ static void tick(Sim *s) {
         // One permission check for a beat inside writable memory; byte by byte otherwise,
         // so the first byte out of bounds is the one reported.
         bool whole = allowed(s, wb.addr, WORD_BYTES, 3);
-        for (int i = 0; i < WORD_BYTES; ++i) {
-            if (!((strb >> i) & 1)) continue;
-            uint64_t a = wb.addr + i;
-            if (whole || allowed(s, a, 1, 3)) {
-                s->mem[a - MEM_BASE] = s->word[i];
-            } else {
-                violation(s, a);
-                wb.error = true;
+        if (whole && strb == ALL_STROBES) {
+            memcpy(s->mem + (wb.addr - MEM_BASE), s->word, WORD_BYTES);   // most beats
+        } else {
+            for (int i = 0; i < WORD_BYTES; ++i) {
+                if (!((strb >> i) & 1)) continue;
+                uint64_t a = wb.addr + i;
+                if (whole || allowed(s, a, 1, 3)) {
+                    s->mem[a - MEM_BASE] = s->word[i];
+                } else {
+                    violation(s, a);
+                    wb.error = true;
+                }
             }
         }
         ++s->write_beats;
