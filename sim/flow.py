@@ -23,7 +23,9 @@ import re
 import shutil
 import subprocess
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
+from typing import IO
 
 log = logging.getLogger(__name__)
 
@@ -283,8 +285,7 @@ def profile_guided_available() -> bool:
     and :data:`PROFILE_USE` (GCC 10 or later; clang's profiles need ``llvm-profdata``
     and it refuses ``-fprofile-partial-training``), found by compiling a line with each."""
     cxx = _make_cxx()
-    return all(_accepts(cxx, tuple(" ".join(flags[1::2]).split()))
-               for flags in (PROFILE_GENERATE[:2], PROFILE_USE))
+    return all(_accepts(cxx, tuple(flags.split())) for flags in (_GENERATE, _USE))
 
 
 def product_ok(product: Path) -> bool:
@@ -312,12 +313,21 @@ def _pch_makeflags(makeflags: str | None) -> str:
 #: ``train``). ``-fprofile-partial-training``: code the training run never reached is
 #: optimised as usual, not for size; ``-fprofile-correction``: counters that disagree
 #: (GCC's are not atomic) are smoothed instead of failing the compile.
-PROFILE_GENERATE = ["-CFLAGS", "-fprofile-generate", "-LDFLAGS", "-fprofile-generate"]
-PROFILE_USE = ["-CFLAGS", "-fprofile-use -fprofile-partial-training -fprofile-correction"]
+_GENERATE = "-fprofile-generate"
+_USE = "-fprofile-use -fprofile-partial-training -fprofile-correction"
+PROFILE_GENERATE = ["-CFLAGS", _GENERATE, "-LDFLAGS", _GENERATE]
+PROFILE_USE = ["-CFLAGS", _USE]
+
+
+def _remove(folder: Path, *patterns: str) -> None:
+    for pattern in patterns:
+        for path in folder.glob(pattern):
+            path.unlink()
 
 
 def build_verilated(verilog: str, top: str, cpp: Path, flags: list[str], *, folder: Path, name: str,
-                    output: str, sources: list[str], train=None) -> Path:
+                    output: str, sources: list[str],
+                    train: Callable[[Path, IO[str], tuple[int, ...]], None] | None = None) -> Path:
     """Build (or reuse) a C++ simulation of ``verilog`` with Verilator; returns the path
     of the built executable or library.
 
@@ -387,14 +397,13 @@ def build_verilated(verilog: str, top: str, cpp: Path, flags: list[str], *, fold
                 if train is None:
                     verilate()
                 else:
-                    # An interrupted build's objects and profile: make would take them as built.
-                    for stale in [*obj.glob("*.gcda"), *obj.glob("*.o"), *obj.glob("*.gch")]:
-                        stale.unlink()
+                    # make does not see changed flags: before each compile the objects go
+                    # (an interrupted build's too), and the profile before the first.
+                    _remove(obj, "*.gcda", "*.o", "*.gch")
                     verilate(*PROFILE_GENERATE)
                     train(partial, build_log, (lock.fileno(),))
-                    # make does not see changed flags: the objects go, the profile stays.
-                    for built in [*obj.glob("*.o"), *obj.glob("*.gch"), partial]:
-                        built.unlink()
+                    _remove(obj, "*.o", "*.gch")
+                    partial.unlink()
                     verilate(*PROFILE_USE)
             with open(partial, "rb") as f:
                 sha = hashlib.file_digest(f, "sha256").hexdigest()
