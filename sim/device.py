@@ -289,7 +289,8 @@ class SimTransport:
         """One AXI4-Lite read of the register at byte ``offset``.
 
         Raises:
-            RuntimeError: the slave did not answer within 1000 clocks.
+            RuntimeError: the slave did not answer within 1000 clocks; the request is
+                withdrawn (ARVALID low), so that it is not taken later.
         """
         value = self._lib.dlb_read32(self._h, offset, ctypes.byref(self._ok))
         if not self._ok.value:
@@ -300,7 +301,8 @@ class SimTransport:
         """One AXI4-Lite write.
 
         Raises:
-            RuntimeError: the slave did not answer within 1000 clocks.
+            RuntimeError: the slave did not answer within 1000 clocks; the request is
+                withdrawn (AWVALID and WVALID low), so it cannot land later.
         """
         if not self._lib.dlb_write32(self._h, offset, value & 0xFFFFFFFF):
             raise RuntimeError(f"simulated device: no answer to a write of 0x{offset:02x}")

@@ -17,7 +17,7 @@ from PIL import Image
 
 from dlbooster import jpeg
 from dlbooster.device import DecoderDevice, drain
-from dlbooster.hw.regs import Ctrl, DeviceStatus, Irq, Reg
+from dlbooster.hw.regs import MAGIC, Ctrl, DeviceStatus, Irq, Reg
 from dlbooster.sim.flow import simulator_available
 from dlbooster.sim.verify import expectation
 
@@ -725,6 +725,30 @@ def test_the_gate_check_counts_a_clock_that_reads_an_output_early(sim1):
         sim1.reset()
         src.free()
         dst.free()
+
+
+def test_a_register_access_the_device_does_not_answer_is_withdrawn(sim1):
+    """A register write or read the slave does not answer (the device held in reset:
+    ap_rst_n driven low by the test instrument, then clocks run) raises, and the host's
+    master withdraws it: the write does not land once the device is out of reset, and the
+    read does not leave a response behind that would stop the slave from taking another."""
+    _fresh(sim1)
+    default = sim1.read32(Reg.WATCHDOG)
+    try:
+        for access in (lambda: sim1.write32(Reg.WATCHDOG, 1234), lambda: sim1.read32(Reg.ID)):
+            sim1._lib.dlb_test_unsettled_reset(sim1._h, 0)
+            sim1.run(3)
+            with pytest.raises(RuntimeError, match="no answer"):
+                access()
+            sim1.reset()
+            sim1.run(10)
+            assert sim1.read32(Reg.WATCHDOG) == default
+            sim1.write32(Reg.WATCHDOG, 99)
+            assert sim1.read32(Reg.WATCHDOG) == 99
+            assert sim1.read32(Reg.ID) == MAGIC
+            sim1.reset()
+    finally:
+        sim1.reset()
 
 
 def test_cli_bench_device_with_and_without_clock_gating(tmp_path, capsys):

@@ -360,6 +360,19 @@ void dlb_reset(void *h, uint32_t clocks) {
     settle(s);
 }
 
+// A register access the slave did not answer within 1000 clocks is withdrawn: its valids
+// drop, as a host's master gives up on a request (and then resets the device). Left high,
+// the request would be taken once the device answers again, after a reset: a write
+// landing late, or a read whose response nobody takes, which stops the slave from
+// accepting another read. A ready of a response phase stays high, so that a response
+// coming late is taken and dropped; the next access lowers it when it ends.
+static uint32_t abandon(Sim *s) {
+    auto *t = s->top;
+    t->s_axi_control_awvalid = t->s_axi_control_wvalid = t->s_axi_control_arvalid = 0;
+    settle(s);
+    return 0;
+}
+
 // One AXI4-Lite write; returns the clocks it took, or 0 if the slave did not answer.
 uint32_t dlb_write32(void *h, uint32_t addr, uint32_t value) {
     auto *s = (Sim *)h;
@@ -376,7 +389,7 @@ uint32_t dlb_write32(void *h, uint32_t addr, uint32_t value) {
         tick(s);
         if (aw) { aw_done = true; t->s_axi_control_awvalid = 0; }
         if (w) { w_done = true; t->s_axi_control_wvalid = 0; }
-        if (s->clocks - start > 1000) return 0;
+        if (s->clocks - start > 1000) return abandon(s);
     }
     t->s_axi_control_bready = 1;
     for (;;) {
@@ -384,7 +397,7 @@ uint32_t dlb_write32(void *h, uint32_t addr, uint32_t value) {
         bool b = t->s_axi_control_bvalid;
         tick(s);
         if (b) break;
-        if (s->clocks - start > 1000) return 0;
+        if (s->clocks - start > 1000) return abandon(s);
     }
     t->s_axi_control_bready = 0;
     settle(s);
@@ -404,7 +417,7 @@ uint32_t dlb_read32(void *h, uint32_t addr, int *ok) {
         bool ar = t->s_axi_control_arready;
         tick(s);
         if (ar) break;
-        if (s->clocks - start > 1000) return 0;
+        if (s->clocks - start > 1000) return abandon(s);
     }
     t->s_axi_control_arvalid = 0;
     t->s_axi_control_rready = 1;
@@ -415,7 +428,7 @@ uint32_t dlb_read32(void *h, uint32_t addr, int *ok) {
         value = t->s_axi_control_rdata;
         tick(s);
         if (r) break;
-        if (s->clocks - start > 1000) return 0;
+        if (s->clocks - start > 1000) return abandon(s);
     }
     t->s_axi_control_rready = 0;
     settle(s);
