@@ -6,7 +6,9 @@ harnesses share."""
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
+import os
 import re
 from pathlib import Path
 
@@ -136,7 +138,13 @@ def test_a_profile_guided_build_trains_the_instrumented_product_then_compiles_it
     runs = []
 
     def train(product: Path, log, pass_fds) -> None:
-        assert len(pass_fds) == 1           # the build's lock, for the training process to hold
+        # The descriptor is the build's lock file, for the training process to hold, and
+        # the lock is held while it trains: another open of the file cannot take it.
+        fd, = pass_fds
+        lock = Path(os.readlink(f"/proc/self/fd/{fd}"))
+        assert lock.parent == folder and lock.name == f"{product.parent.name}.lock"
+        with open(lock) as other, pytest.raises(BlockingIOError):
+            fcntl.flock(other, fcntl.LOCK_EX | fcntl.LOCK_NB)
         obj = product.parent / "obj"
         assert not list(obj.glob("*.gcda"))
         out = subprocess.run([str(product)], capture_output=True, text=True, check=True).stdout
