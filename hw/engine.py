@@ -51,6 +51,7 @@ class LaneEngine(wiring.Component):
         data_width: memory bus width, bits.
         idct_lanes: the IDCT's rows per clock (see :class:`dlbooster.hw.device.Device`).
         clock_gating: see :class:`dlbooster.hw.lane.Lane`; the job reader is gated too.
+        modular_idct: see :class:`dlbooster.hw.lane.Lane`.
 
     Ports:
         job: :data:`Job` stream (taken only while the engine is idle).
@@ -61,9 +62,9 @@ class LaneEngine(wiring.Component):
     """
 
     def __init__(self, index: int = 0, max_width: int = 8192, data_width: int = 128, idct_lanes: int = 2,
-                 clock_gating: bool = False):
+                 clock_gating: bool = False, modular_idct: bool = False):
         self.index, self.max_width, self.data_width, self.idct_lanes = index, max_width, data_width, idct_lanes
-        self.clock_gating = clock_gating
+        self.clock_gating, self.modular_idct = clock_gating, modular_idct
         super().__init__({
             "job": In(stream.Signature(Job)),
             "done": Out(stream.Signature(Completion)),
@@ -75,7 +76,8 @@ class LaneEngine(wiring.Component):
     def elaborate(self, platform):
         m = Module()
         lane_reset = Signal()
-        m.submodules.lane = lane = Lane(self.max_width, self.idct_lanes, clock_gating=self.clock_gating)
+        m.submodules.lane = lane = Lane(self.max_width, self.idct_lanes, clock_gating=self.clock_gating,
+                                           modular_idct=self.modular_idct)
         m.d.comb += lane.reset.eq(lane_reset)
         # Most of the time the reader waits with nothing in flight while the lane takes
         # its buffered bytes.

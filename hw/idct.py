@@ -33,17 +33,27 @@ def _span(width: int) -> tuple[int, int]:
     return -(1 << (width - 1)), (1 << (width - 1)) - 1
 
 
+#: Bits of a :class:`IdctPass` value held modulo ``2**MODULAR_BITS`` (``modular``): wide
+#: enough for every value of a pass of 16-bit inputs (34 bits; of inputs up to 29 bits),
+#: narrow enough that a sum (49 bits) or a product by a 15-bit constant (63) fits a
+#: 64-bit word.
+MODULAR_BITS = 48
+
+
 class _Ranged:
     """A value (an Amaranth expression, or None when only the range is wanted) and the
     interval ``[lo, hi]`` it lies in, carried through sums, differences and constant
-    products to size each pipeline register."""
+    products to size each pipeline register. With ``mod``, the expression holds the value
+    modulo ``2**mod`` (unsigned), and each operation's result is cut back to ``mod`` bits."""
 
-    def __init__(self, expr, lo: int, hi: int):
-        self.expr, self.lo, self.hi = expr, lo, hi
+    def __init__(self, expr, lo: int, hi: int, mod: int | None = None):
+        self.expr, self.lo, self.hi, self.mod = expr, lo, hi, mod
 
     def _with(self, other, op, lo: int, hi: int) -> "_Ranged":
         expr = None if self.expr is None else op(self.expr, other)
-        return _Ranged(expr, lo, hi)
+        if expr is not None and self.mod:
+            expr = expr[:self.mod]
+        return _Ranged(expr, lo, hi, self.mod)
 
     def __add__(self, other: "_Ranged") -> "_Ranged":
         return self._with(other.expr, lambda a, b: a + b, self.lo + other.lo, self.hi + other.hi)
@@ -53,6 +63,9 @@ class _Ranged:
 
     def __mul__(self, c: int) -> "_Ranged":
         lo, hi = sorted((self.lo * c, self.hi * c))
+        if self.mod and c < 0:
+            # The product by -c, negated: by c modulo 2**mod, without a 2**mod-sized constant.
+            return self._with(-c, lambda a, b: -(a * b), lo, hi)
         return self._with(c, lambda a, b: a * b, lo, hi)
 
     def __lshift__(self, n: int) -> "_Ranged":
@@ -140,11 +153,23 @@ class IdctPass(wiring.Component):
             ``2**out_width`` (two's complement wraps consistently through sums and
             products), which is all the next step needs when it keeps only low bits.
         tag_width: bits of a tag carried from ``t_i`` to ``t_o`` alongside each vector.
+        modular: hold every value modulo ``2**MODULAR_BITS`` (:data:`MODULAR_BITS`) in
+            unsigned registers of that width instead of each in its range's signed width
+            (inputs of at most 29 bits, whose values all lie within ``+-2**47``); the
+            outputs are then the exact outputs modulo ``2**MODULAR_BITS``, unsigned. For
+            simulation builds: Verilator evaluates each operation as one 64-bit operation
+            and a mask, where a sum of narrower signed values first sign-extends both
+            (docs/benchmarks.md). FPGA builds keep the exact widths, which take fewer
+            flip-flops and narrower adders.
+
+    Raises:
+        ValueError: ``modular`` with inputs wider than 29 bits.
 
     Ports:
         i: 8 signed inputs ``d0..d7`` (``width`` bits), valid with ``i_valid``; ``t_i``
             the vector's tag.
-        o: 8 signed outputs ``o0..o7`` before descaling (``out_width`` bits), valid
+        o: 8 signed outputs ``o0..o7`` before descaling (``out_width`` bits; with
+            ``modular``, unsigned ``MODULAR_BITS`` bits), valid
             with ``o_valid`` :data:`LATENCY` enabled clocks after the input; ``t_o`` its
             tag; ``o_fit``: the sums a 16-bit SIMD IDCT forms from its input (``d0 +- d4``,
             ``d2 + d6``, ``d7 + d1``, ``d5 + d3``, ``d7 + d3``, ``d5 + d1``,
@@ -156,17 +181,22 @@ class IdctPass(wiring.Component):
     they were, so ``o``, ``t_o`` and ``o_fit`` mean something only with ``o_valid``.
     """
 
-    def __init__(self, width: int = 32, out_width: int | None = None, tag_width: int = 1):
+    def __init__(self, width: int = 32, out_width: int | None = None, tag_width: int = 1,
+                 modular: bool = False):
         self.width = width
         # The outputs' range, from the inputs' through every stage: exact in that many bits.
         inputs = [_Ranged(None, *_span(width)) for _ in range(8)]
         exact = max(v.bits for v in _datapath(inputs, lambda n: lambda name, v: v)[2])
-        self.out_width = out_width = min(out_width or exact, exact)
+        if modular and exact >= MODULAR_BITS:
+            raise ValueError(f"modular needs every value within +-2**{MODULAR_BITS - 1}: inputs of at most "
+                             f"{width - (exact - MODULAR_BITS) - 1} bits, not {width}")
+        self.mod = MODULAR_BITS if modular else None
+        self.out_width = out_width = MODULAR_BITS if modular else min(out_width or exact, exact)
         super().__init__({
             "i": In(signed(width)).array(8),
             "i_valid": In(1),
             "t_i": In(tag_width),
-            "o": Out(signed(out_width)).array(8),
+            "o": Out(unsigned(out_width) if modular else signed(out_width)).array(8),
             "o_valid": Out(1),
             "t_o": Out(tag_width),
             "o_fit": Out(1),
@@ -187,17 +217,19 @@ class IdctPass(wiring.Component):
         # change instead of once per clock.
         def stage(load):
             def reg(name, value):
-                r = Signal(signed(min(value.bits, self.out_width)), name=name)
+                # Modular: the first stage's signed inputs are sign-extended as they load.
+                shape = self.mod or signed(min(value.bits, self.out_width))
+                r = Signal(shape, name=name)
                 with m.If(load):
                     m.d.sync += r.eq(value.expr)
-                return _Ranged(r, value.lo, value.hi)
+                return _Ranged(r, value.lo, value.hi, self.mod)
             return reg
 
         x = [_Ranged(d[n], *_span(w)) for n in range(8)]
         regs = [stage(self.en & v) for v in [self.i_valid] + valid]
         s1b, z34, outputs = _datapath(x, lambda n: regs[n])
-        fit = Cat(*(_fits16(s1b[k].expr) for k in ("t0e", "t1e", "z1e", "z1", "z2", "z3", "z4")),
-                  _fits16(z34.expr)).all()
+        fit = Cat(*(_fits16(s1b[k].expr, self.mod) for k in ("t0e", "t1e", "z1e", "z1", "z2", "z3", "z4")),
+                  _fits16(z34.expr, self.mod)).all()
         for n, value in enumerate(outputs):
             with m.If(self.en & valid[4]):
                 m.d.sync += self.o[n].eq(value.expr)
@@ -328,15 +360,23 @@ _Tag = data.StructLayout({"comp": 2, "bx": 16, "by": 16, "ok": 1})
 _Stored = data.StructLayout({"value": signed(16), "fit": 1})
 
 
-def _fits16(x):
-    return (x >= -32768) & (x <= 32767)
+def _within(x, low: int, high: int, mod: int | None = None):
+    """``low <= x <= high`` for a signed ``x``, or for one held modulo ``2**mod`` (its
+    value within ``+-2**(mod - 1)``): then one unsigned compare of ``x - low``."""
+    if mod:
+        return (x - low)[:mod] <= high - low
+    return (x >= low) & (x <= high)
 
 
-def _descaled_within(x, shift: int, low: int, high: int):
-    """``low <= DESCALE(x, shift) <= high`` (``(x + 2**(shift - 1)) >> shift``), as two
+def _fits16(x, mod: int | None = None):
+    return _within(x, -32768, 32767, mod)
+
+
+def _descaled_within(x, shift: int, low: int, high: int, mod: int | None = None):
+    """``low <= DESCALE(x, shift) <= high`` (``(x + 2**(shift - 1)) >> shift``), as
     compares on ``x`` itself, so the check does not wait for the rounding adder."""
     half = 1 << (shift - 1)
-    return (x >= (low << shift) - half) & (x <= ((high + 1) << shift) - half - 1)
+    return _within(x, (low << shift) - half, ((high + 1) << shift) - half - 1, mod)
 
 
 class Idct(wiring.Component):
@@ -369,6 +409,8 @@ class Idct(wiring.Component):
         banks: blocks the store holds, a power of two (default 2 for ``lanes = 1``, else
             4: a full block's store handshake takes 3 clocks, longer than the 2 clocks
             that ``lanes = 4`` spends reading it).
+        modular: the passes' values held modulo ``2**48`` (:class:`IdctPass`), for
+            simulation builds; the same outputs and checks, clock for clock.
 
     Ports:
         quant: :data:`QuantWrite` stream (always ready); load before the scan's blocks.
@@ -379,7 +421,7 @@ class Idct(wiring.Component):
             in input order.
     """
 
-    def __init__(self, lanes: int = 1, banks: int | None = None):
+    def __init__(self, lanes: int = 1, banks: int | None = None, modular: bool = False):
         if lanes not in (1, 2, 4):
             raise ValueError(f"lanes must be 1, 2 or 4, not {lanes}")
         if banks is None:
@@ -388,6 +430,7 @@ class Idct(wiring.Component):
             raise ValueError(f"banks must be a power of two, at least 2, not {banks}")
         self.lanes = lanes
         self.banks = banks
+        self.modular = modular
         self.row_layout = block_rows(lanes)
         super().__init__({
             "quant": In(stream.Signature(QuantWrite)),
@@ -471,7 +514,8 @@ class Idct(wiring.Component):
         # moves together on en1 (held while the transpose buffer cannot take a beat).
         # Unit 0 of each pass carries the vector's side data: group, block tag, checks.
         side_width = Shape.cast(range(beats)).width + _Tag.size + 1
-        pass1 = [IdctPass(width=16, tag_width=side_width if p == 0 else 1) for p in range(lanes)]
+        pass1 = [IdctPass(width=16, tag_width=side_width if p == 0 else 1, modular=self.modular)
+                 for p in range(lanes)]
         for p, unit in enumerate(pass1):
             m.submodules[f"pass1_{p}"] = unit
         m.submodules.tb = tb = TransposeBuffer(width=16, tag=_Tag, lanes=lanes)
@@ -513,7 +557,7 @@ class Idct(wiring.Component):
             # The model's two checks of a column output: |o| <= 2**31 - 2**18 (where the C
             # and SIMD code agree) and DESCALE(o, 11) fitting 16 bits; the second implies
             # the first.
-            checks += [_descaled_within(unit.o[r], 11, -32768, 32767) for r in range(8)]
+            checks += [_descaled_within(unit.o[r], 11, -32768, 32767, unit.mod) for r in range(8)]
             with m.If(en1 & unit.o_valid):
                 m.d.sync += [d1.w[p][r].eq(w[r]) for r in range(8)]
         group_ok = Cat(*checks).all() & ((p1_group == 0) | d1.tag.ok)
@@ -525,7 +569,8 @@ class Idct(wiring.Component):
                      tb.i.payload.data.eq(d1.w)]
 
         # Row pass, moving on en2 (held while the output beat is not taken).
-        pass2 = [IdctPass(width=16, tag_width=side_width if q == 0 else 1) for q in range(lanes)]
+        pass2 = [IdctPass(width=16, tag_width=side_width if q == 0 else 1, modular=self.modular)
+                 for q in range(lanes)]
         for q, unit in enumerate(pass2):
             m.submodules[f"pass2_{q}"] = unit
         e1 = Signal(data.StructLayout({"valid": 1, "group": range(beats), "tag": _Tag,
@@ -549,7 +594,7 @@ class Idct(wiring.Component):
         for q, unit in enumerate(pass2):
             # |o| <= 2**31 - 2**18 and -512 <= DESCALE(o, 18) <= 511; again the second
             # implies the first.
-            checks += [_descaled_within(unit.o[c], 18, -512, 511) for c in range(8)]
+            checks += [_descaled_within(unit.o[c], 18, -512, 511, unit.mod) for c in range(8)]
             with m.If(en2 & unit.o_valid):
                 m.d.sync += [e1.v[8 * q + c].eq((unit.o[c] + (1 << 17)) >> 18) for c in range(8)]
         rows_ok = Cat(*checks).all() & ((p2_group == 0) | e1.tag.ok)

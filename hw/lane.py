@@ -18,7 +18,7 @@ such images on the CPU (:func:`status_reason` names the reason as
 then nothing until the image's ``done``, so a source may offer the next file at once.
 """
 
-from amaranth import Module, Mux, ResetSignal, Signal
+from amaranth import Cat, Module, Mux, ResetSignal, Signal
 from amaranth.hdl import ResetInserter
 from amaranth.lib import data, stream, wiring
 from amaranth.lib.wiring import In, Out
@@ -67,10 +67,14 @@ class Lane(wiring.Component):
             (for stage-by-stage comparison with the reference model in simulation; they
             change nothing else).
         clock_gating: run the header parser, the entropy decoder's Huffman tables, the
-            plane buffers, the upsamplers and colour conversion each behind a
-            :class:`~dlbooster.hw.gating.ClockGate` that stops its clock while it is idle
-            (for simulation builds; the lane makes the same handshakes with the same valid
-            data, clock for clock, either way).
+            plane buffers, the upsamplers and colour conversion behind clock gates
+            (:class:`~dlbooster.hw.gating.ClockGate`) that stop their clocks while they
+            are idle, blocks that work in the same clocks behind one (for simulation
+            builds; the lane makes the same handshakes with the same valid data, clock for
+            clock, either way).
+        modular_idct: the IDCT's passes hold their values modulo ``2**48``
+            (:class:`~dlbooster.hw.idct.IdctPass` ``modular``), for simulation builds: the
+            same outputs, clock for clock.
 
     Ports:
         reset: synchronous reset of the whole lane.
@@ -89,11 +93,13 @@ class Lane(wiring.Component):
             the IDCT, a :func:`~dlbooster.hw.color.ycbcr_pixels` beat into colour conversion.
     """
 
-    def __init__(self, max_width: int = 8192, lanes: int = 4, probes: bool = False, clock_gating: bool = False):
+    def __init__(self, max_width: int = 8192, lanes: int = 4, probes: bool = False, clock_gating: bool = False,
+                 modular_idct: bool = False):
         self.max_width = max_width
         self.lanes = lanes
         self.probes = probes
         self.clock_gating = clock_gating
+        self.modular_idct = modular_idct
         ports = {
             "reset": In(1),
             "input": In(stream.Signature(InputBeat)),
@@ -114,24 +120,29 @@ class Lane(wiring.Component):
         abort = Signal()   # resets the pixel path after an entropy fault
         max_blocks = -(-self.max_width // 8)
         lane_reset = ResetSignal("sync") | self.reset
+        # Blocks that work in the same clocks share a gate: a gate costs the simulator its
+        # enable and its clock's trigger in every clock, and a block clocked while idle
+        # changes nothing. The header parser and the Huffman tables (which change only
+        # while a DHT segment is loaded) work while the headers are read.
         header_gate = ClockGate("headers", self.clock_gating)
         m.submodules.headers = hp = header_gate.wrap(HeaderParser(self.max_width))
-        header_gate.add(m, ~hp.idle, lane_reset)
-        # The Huffman tables change only while a DHT segment is loaded.
-        tables_gate = ClockGate("tables", self.clock_gating)
-        m.submodules.entropy = ent = EntropyDecoder(tables_gate=tables_gate)
-        tables_gate.add(m, ~ent.tables_idle, lane_reset)
-        m.submodules.idct = idct = ResetInserter(abort)(Idct(self.lanes))
+        m.submodules.entropy = ent = EntropyDecoder(tables_gate=header_gate)
+        header_gate.add(m, ~hp.idle | ~ent.tables_idle, lane_reset)
+        m.submodules.idct = idct = ResetInserter(abort)(Idct(self.lanes, modular=self.modular_idct))
         # Behind the IDCT, the pixel path's blocks are idle about half of the clocks: with
-        # clock gating each runs only in clocks it is busy or reset (the IDCT itself is
-        # busy in 98 % of them, docs/benchmarks.md).
+        # clock gating they run only in clocks one of their gate's blocks is busy or reset
+        # (the IDCT itself is busy in 98 % of them, docs/benchmarks.md). The chroma planes
+        # take their blocks in turn and give their rows together, and the upsamplers and
+        # the colour converter pass the same pixels on: a gate for each of those groups.
         blocks = {f"plane{c}": PlaneBuffer(max_blocks, band_blocks=2 if c == 0 else 1, lanes=self.lanes)
                   for c in range(3)}
         blocks.update({f"up{c}": RowUpsampler(8) for c in (1, 2)}, color=ColorConverter(8))
-        for name, block in blocks.items():
-            gate = ClockGate(name, self.clock_gating)
-            m.submodules[name] = gate.wrap(ResetInserter(abort)(block))
-            gate.add(m, ~block.idle | abort, lane_reset)
+        groups = {"plane0": ["plane0"], "chroma": ["plane1", "plane2"], "pixels": ["up1", "up2", "color"]}
+        for gate_name, names in groups.items():
+            gate = ClockGate(gate_name, self.clock_gating)
+            for name in names:
+                m.submodules[name] = gate.wrap(ResetInserter(abort)(blocks[name]))
+            gate.add(m, Cat(*(~blocks[name].idle for name in names)).any() | abort, lane_reset)
         planes = [blocks[f"plane{c}"] for c in range(3)]
         ups = [blocks["up1"], blocks["up2"]]
         color = blocks["color"]

@@ -58,11 +58,13 @@ def build_entropy_harness() -> Path:
     return _build_harness(EntropyDecoder, {}, "entropy_decoder", _CPP, "entropy")
 
 
-def build_idct_harness(lanes: int = 1) -> Path:
-    """Build (or reuse) the Verilator harness of ``Idct(lanes)``; returns its path."""
+def build_idct_harness(lanes: int = 1, modular: bool = False) -> Path:
+    """Build (or reuse) the Verilator harness of ``Idct(lanes, modular=modular)``; returns
+    its path."""
     from dlbooster.hw.idct import Idct
 
-    return _build_harness(lambda: Idct(lanes), {"lanes": lanes}, "idct", _CPP_IDCT, "idct", f"-DLANES={lanes}")
+    return _build_harness(lambda: Idct(lanes, modular=modular), {"lanes": lanes, "modular": modular}, "idct",
+                          _CPP_IDCT, "idct", f"-DLANES={lanes}")
 
 
 def build_chain_harness(fifo_depth: int = 0, lanes: int = 1) -> Path:
@@ -322,9 +324,9 @@ class IdctHarness(_Process):
     Use as a context manager: ``with IdctHarness() as h: h.transform(blocks, quant)``.
     """
 
-    def __init__(self, lanes: int = 1):
+    def __init__(self, lanes: int = 1, modular: bool = False):
         self.lanes = lanes
-        super().__init__(build_idct_harness(lanes), "idct harness")
+        super().__init__(build_idct_harness(lanes, modular), "idct harness")
 
     def transform(self, blocks: np.ndarray, quant, comps=None, *, valid_percent: int = 100,
                   ready_percent: int = 100, seed: int = 1) -> IdctResult:

@@ -11,17 +11,17 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from dlbooster import model
-from dlbooster.hw.idct import (LATENCY, Idct, IdctPass, TransposeBuffer, block_beats,
+from dlbooster.hw.idct import (LATENCY, MODULAR_BITS, Idct, IdctPass, TransposeBuffer, block_beats,
                                 quant_writes)
 from reference_impl import _one_pass as idct_1d
 
 
-def _run(vectors, enables, fits=None, gaps=None, width=32):
+def _run(vectors, enables, fits=None, gaps=None, width=32, modular=False):
     """Feed vectors (holding each while ``en`` is low; with ``gaps``, a bubble before
     vector k on each enabled clock while gaps[k] says so) and collect the outputs; each
     vector's index rides in ``t_i``, and with a ``fits`` list each output's ``o_fit`` is
     appended."""
-    dut = IdctPass(width=width, tag_width=8)
+    dut = IdctPass(width=width, tag_width=8, modular=modular)
     got = []
 
     async def bench(ctx):
@@ -91,21 +91,46 @@ def test_pass_is_exact_at_every_corner_of_its_input_range(width):
     assert dut.out_width == {16: 34, 32: 50}[width]
 
 
+def test_a_modular_pass_gives_the_exact_outputs_modulo_2_to_the_48():
+    """``modular``: every corner of the 16-bit input range, and vectors through
+    back-pressure and bubbles, come out as the exact outputs modulo 2**48; inputs wider
+    than 29 bits are refused (their values would not fit)."""
+    low, high = -(1 << 15), (1 << 15) - 1
+    corners = [[high if (k >> n) & 1 else low for n in range(8)] for k in range(256)]
+    rng = random.Random(5)
+    others = [[rng.randint(low, high) for _ in range(8)] for _ in range(40)]
+    for vectors in (corners, others):
+        enables = [rng.random() < 0.7 for _ in range(6 * len(vectors))]
+        enables += [True] * (2 * len(vectors) + LATENCY + 1)
+        gaps = [rng.random() < 0.4 for _ in vectors]
+        got = _run(vectors, enables, gaps=gaps, width=16, modular=True)
+        assert got == [[o % (1 << MODULAR_BITS) for o in idct_1d(v)] for v in vectors]
+        assert any(o >= 1 << (MODULAR_BITS - 1) for out in got for o in out)     # negative outputs wrap
+    widest = IdctPass(width=29, modular=True)
+    Fragment.get(widest, None)
+    assert widest.out_width == MODULAR_BITS
+    with pytest.raises(ValueError, match="inputs of at most 29 bits, not 30"):
+        IdctPass(width=30, modular=True)
+
+
 near16 = st.integers(-40000, 40000)
 
 
 @settings(max_examples=20, deadline=None)
 @given(vectors=st.lists(st.lists(near16 | small, min_size=8, max_size=8), min_size=1, max_size=12),
-       seed=st.integers(0, 1000))
-def test_o_fit_follows_its_vector(vectors, seed):
+       seed=st.integers(0, 1000), modular=st.booleans())
+def test_o_fit_follows_its_vector(vectors, seed, modular):
     """``o_fit`` is the model's pairwise 16-bit condition for the output's vector,
-    through back-pressure and bubbles."""
+    through back-pressure and bubbles, with exact and with modular values (a modular
+    pass takes 16-bit inputs, whose sums still reach past 16 bits)."""
     rng = random.Random(seed)
     enables = [rng.random() < 0.7 for _ in range(6 * len(vectors) + 4 * LATENCY)]
     enables += [True] * (2 * len(vectors) + LATENCY + 1)
     gaps = [rng.random() < 0.4 for _ in vectors]
     fits = []
-    _run(vectors, enables, fits, gaps)
+    if modular:
+        vectors = [[max(-32768, min(32767, d)) for d in v] for v in vectors]
+    _run(vectors, enables, fits, gaps, width=16 if modular else 32, modular=modular)
 
     def fit(x):
         return -32768 <= x <= 32767

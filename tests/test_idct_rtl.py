@@ -153,6 +153,25 @@ def test_other_lane_counts_bit_exact(lanes):
     _assert_equal_to_model(result, blocks, quant, comps)
 
 
+@needs_verilator
+def test_modular_passes_give_the_same_rows_in_the_same_clocks():
+    """The simulated device's IDCT (two rows per clock, passes modulo 2**48) against the
+    boards' (each value in its range's width) on full-range random blocks under random
+    gaps: both equal to the model, with the same range faults, and the same clocks."""
+    from dlbooster.sim.harness import IdctHarness
+
+    rng = np.random.default_rng(48)
+    blocks, quant, comps = _random_job(rng, 1500)
+    results = []
+    for modular in (False, True):
+        with IdctHarness(2, modular) as harness:
+            results.append(harness.transform(blocks, quant, comps, valid_percent=70, ready_percent=60, seed=3))
+        _assert_equal_to_model(results[-1], blocks, quant, comps)
+    exact, modular = results
+    assert modular.range_fault.any() and not modular.range_fault.all()
+    assert (modular.range_fault == exact.range_fault).all() and modular.cycles == exact.cycles
+
+
 def file_blocks(data: bytes):
     """Every block of a hardware-decodable JPEG: (blocks, quant, comps, model output)."""
     out = model.decode(data)
