@@ -176,8 +176,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
             p.add_argument("--max-width", type=_max_width, default=8192, help="the device's line-buffer width")
             p.add_argument("--no-clock-gating", dest="clock_gating", action="store_false",
                            help="simulate the boards' design, without the simulation build's clock gates "
-                                "(hw/gating.py) and modular IDCT passes: the same results, more "
-                                "work per clock")
+                                "(hw/gating.py) and unsigned arithmetic (IDCT passes, colour): the "
+                                "same results, more work per clock")
         elif kind == "host":
             p.add_argument("--batch-size", type=_positive, default=64)
             p.add_argument("--epochs", type=_positive, default=3,

@@ -9,6 +9,13 @@ fixed-point arithmetic of libjpeg-turbo (SCALEBITS = 16, ONE_HALF = 32768):
 
 with xb = Cb - 128, xr = Cr - 128, arithmetic shifts, clamp to 0..255. Gray images need
 no mode: Cb = Cr = 128 gives R = G = B = Y, which is what ``.convert("RGB")`` does.
+
+``unsigned`` computes the same in offset binary, every value non-negative: the products
+of Cb and Cr themselves plus ``2**24`` and the offsets' constant parts (R: 91881 * Cr +
+5049216, B: 116130 * Cb + 1945344, G: 25687552 - 22554 * Cb - 46802 * Cr, all within
+25 bits), so that each ``>> 16`` is 256 more than the signed one, and
+``q = Y + (... >> 16)`` is the channel plus 256: below 256 clamps to 0, from 512 to 255,
+else its low byte. A simulator then evaluates no sign extensions.
 """
 
 from amaranth import Cat, Module, Mux, Signal, signed
@@ -45,6 +52,10 @@ class ColorConverter(wiring.Component):
 
     Args:
         pixels: pixels per beat (1 or more).
+        unsigned: the offset-binary form (module docstring), for simulation builds:
+            Verilator evaluates it without sign extensions (docs/benchmarks.md). FPGA
+            builds keep the signed form: the ECP5 mapping of Yosys 0.70 (the synthesis
+            flow's) fails an assertion on the unsigned one.
 
     Ports:
         i: stream of :func:`ycbcr_pixels` ``(pixels)``.
@@ -54,8 +65,9 @@ class ColorConverter(wiring.Component):
             :class:`dlbooster.hw.gating.ClockGate`.
     """
 
-    def __init__(self, pixels: int = 8):
+    def __init__(self, pixels: int = 8, unsigned: bool = False):
         self.pixels = pixels
+        self.unsigned = unsigned
         super().__init__({
             "i": In(stream.Signature(ycbcr_pixels(pixels))),
             "o": Out(stream.Signature(rgb_pixels(pixels))),
@@ -78,6 +90,9 @@ class ColorConverter(wiring.Component):
             m.d.sync += [sides[k].eq(sides[k - 1]) for k in range(1, LATENCY)]
         for p in range(n):
             y, cb, cr = self.i.payload.y[p], self.i.payload.cb[p], self.i.payload.cr[p]
+            if self.unsigned:
+                self._unsigned(m, p, en, valid, y, cb, cr)
+                continue
             xb = Signal(signed(9), name=f"xb{p}")
             xr = Signal(signed(9), name=f"xr{p}")
             m.d.comb += [xb.eq(cb - 128), xr.eq(cr - 128)]
@@ -101,3 +116,19 @@ class ColorConverter(wiring.Component):
                     s = y2 + offset
                     m.d.sync += self.o.payload.rgb[p][c].eq(Mux(s < 0, 0, Mux(s > 255, 255, s)))
         return m
+
+    def _unsigned(self, m, p, en, valid, y, cb, cr):
+        """Pixel ``p``'s three stages in offset binary (module docstring)."""
+        y1 = Signal(8, name=f"y1_{p}")
+        r1, g1, b1 = (Signal(25, name=f"{c}1_{p}") for c in "rgb")
+        y2 = Signal(8, name=f"y2_{p}")
+        r2, g2, b2 = (Signal(9, name=f"{c}2_{p}") for c in "rgb")
+        with m.If(en):
+            m.d.sync += [y1.eq(y), r1.eq(91881 * cr + 5049216), b1.eq(116130 * cb + 1945344),
+                         g1.eq((25687552 - (22554 * cb + 46802 * cr))[:25])]
+        with m.If(en & valid[0]):
+            m.d.sync += [y2.eq(y1), r2.eq(r1 >> 16), g2.eq(g1 >> 16), b2.eq(b1 >> 16)]
+        with m.If(en & valid[1]):
+            for c, offset in enumerate((r2, g2, b2)):
+                q = y2 + offset
+                m.d.sync += self.o.payload.rgb[p][c].eq(Mux(q[8:] == 0, 0, Mux(q[9], 255, q[:8])))

@@ -54,10 +54,12 @@ class Device(wiring.Component):
         clock_gating: clock-gate each lane's idle blocks (:class:`dlbooster.hw.gating.ClockGate`),
             for the simulated device; boards are built without it. The device makes the same
             handshakes with the same valid data, clock for clock, either way.
-        modular_idct: each IDCT's passes hold their values modulo ``2**48``
-            (:class:`dlbooster.hw.idct.IdctPass` ``modular``): for the simulated device,
-            whose Verilator model then does no sign extensions there; boards keep each
-            register at its range's width. The same outputs, clock for clock, either way.
+        sim_arithmetic: each lane's IDCT passes hold their values modulo ``2**48``
+            (:class:`dlbooster.hw.idct.IdctPass` ``modular``) and its colour conversion
+            works in offset binary (:class:`dlbooster.hw.color.ColorConverter`
+            ``unsigned``): for the simulated device, whose Verilator model then does no
+            sign extensions there; boards keep the signed forms. The same outputs, clock
+            for clock, either way.
 
     Raises:
         ValueError: ``lanes`` outside 1..32, ``max_width`` outside 1..65535, or
@@ -66,7 +68,7 @@ class Device(wiring.Component):
 
     def __init__(self, lanes: int = 1, max_width: int = 8192, data_width: int = 128, job_depth: int = 16,
                  done_depth: int = 16, watchdog: int = 1 << 24, idct_lanes: int = 2, clock_gating: bool = False,
-                 modular_idct: bool = False):
+                 sim_arithmetic: bool = False):
         # The BUSY register has a bit per lane; CONFIG holds each FIFO's depth in 8 bits.
         if not 1 <= lanes <= 32:
             raise ValueError(f"a device has 1 to 32 lanes, not {lanes}")
@@ -79,7 +81,7 @@ class Device(wiring.Component):
             raise ValueError(f"the completion FIFO holds 1 to 255 entries, not {done_depth}")
         self.lanes, self.max_width, self.data_width = lanes, max_width, data_width
         self.job_depth, self.done_depth, self.watchdog, self.idct_lanes = job_depth, done_depth, watchdog, idct_lanes
-        self.clock_gating, self.modular_idct = clock_gating, modular_idct
+        self.clock_gating, self.sim_arithmetic = clock_gating, sim_arithmetic
         self.id_width = max(1, (lanes - 1).bit_length())
         ports = {"ap_clk": In(1), "ap_rst_n": In(1), "interrupt": Out(1)}
         ports.update(axi4_lite_slave_ports("s_axi_control"))
@@ -105,7 +107,7 @@ class Device(wiring.Component):
         engines = []
         for i in range(self.lanes):
             engine = LaneEngine(i, self.max_width, self.data_width, self.idct_lanes, self.clock_gating,
-                                self.modular_idct)
+                                self.sim_arithmetic)
             m.submodules[f"lane{i}"] = engine
             engines.append(engine)
         m.submodules.jobs = jobs = SyncFIFOBuffered(width=Job.size, depth=self.job_depth)

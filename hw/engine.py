@@ -51,7 +51,7 @@ class LaneEngine(wiring.Component):
         data_width: memory bus width, bits.
         idct_lanes: the IDCT's rows per clock (see :class:`dlbooster.hw.device.Device`).
         clock_gating: see :class:`dlbooster.hw.lane.Lane`; the job reader is gated too.
-        modular_idct: see :class:`dlbooster.hw.lane.Lane`.
+        sim_arithmetic: see :class:`dlbooster.hw.lane.Lane`.
 
     Ports:
         job: :data:`Job` stream (taken only while the engine is idle).
@@ -62,9 +62,9 @@ class LaneEngine(wiring.Component):
     """
 
     def __init__(self, index: int = 0, max_width: int = 8192, data_width: int = 128, idct_lanes: int = 2,
-                 clock_gating: bool = False, modular_idct: bool = False):
+                 clock_gating: bool = False, sim_arithmetic: bool = False):
         self.index, self.max_width, self.data_width, self.idct_lanes = index, max_width, data_width, idct_lanes
-        self.clock_gating, self.modular_idct = clock_gating, modular_idct
+        self.clock_gating, self.sim_arithmetic = clock_gating, sim_arithmetic
         super().__init__({
             "job": In(stream.Signature(Job)),
             "done": Out(stream.Signature(Completion)),
@@ -77,7 +77,7 @@ class LaneEngine(wiring.Component):
         m = Module()
         lane_reset = Signal()
         m.submodules.lane = lane = Lane(self.max_width, self.idct_lanes, clock_gating=self.clock_gating,
-                                           modular_idct=self.modular_idct)
+                                           sim_arithmetic=self.sim_arithmetic)
         m.d.comb += lane.reset.eq(lane_reset)
         # Most of the time the reader waits with nothing in flight while the lane takes
         # its buffered bytes.

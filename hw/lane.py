@@ -72,9 +72,10 @@ class Lane(wiring.Component):
             are idle, blocks that work in the same clocks behind one (for simulation
             builds; the lane makes the same handshakes with the same valid data, clock for
             clock, either way).
-        modular_idct: the IDCT's passes hold their values modulo ``2**48``
-            (:class:`~dlbooster.hw.idct.IdctPass` ``modular``), for simulation builds: the
-            same outputs, clock for clock.
+        sim_arithmetic: the IDCT's passes and colour conversion in the forms a simulator
+            evaluates without sign extensions (:class:`~dlbooster.hw.idct.IdctPass`
+            ``modular``, :class:`~dlbooster.hw.color.ColorConverter` ``unsigned``), for
+            simulation builds: the same outputs, clock for clock.
 
     Ports:
         reset: synchronous reset of the whole lane.
@@ -94,12 +95,12 @@ class Lane(wiring.Component):
     """
 
     def __init__(self, max_width: int = 8192, lanes: int = 4, probes: bool = False, clock_gating: bool = False,
-                 modular_idct: bool = False):
+                 sim_arithmetic: bool = False):
         self.max_width = max_width
         self.lanes = lanes
         self.probes = probes
         self.clock_gating = clock_gating
-        self.modular_idct = modular_idct
+        self.sim_arithmetic = sim_arithmetic
         ports = {
             "reset": In(1),
             "input": In(stream.Signature(InputBeat)),
@@ -128,7 +129,7 @@ class Lane(wiring.Component):
         m.submodules.headers = hp = header_gate.wrap(HeaderParser(self.max_width))
         m.submodules.entropy = ent = EntropyDecoder(tables_gate=header_gate)
         header_gate.add(m, ~hp.idle | ~ent.tables_idle, lane_reset)
-        m.submodules.idct = idct = ResetInserter(abort)(Idct(self.lanes, modular=self.modular_idct))
+        m.submodules.idct = idct = ResetInserter(abort)(Idct(self.lanes, modular=self.sim_arithmetic))
         # Behind the IDCT, the pixel path's blocks are idle about half of the clocks: with
         # clock gating they run only in clocks one of their gate's blocks is busy or reset
         # (the IDCT itself is busy in 98 % of them, docs/benchmarks.md). The chroma planes
@@ -136,7 +137,7 @@ class Lane(wiring.Component):
         # the colour converter pass the same pixels on: a gate for each of those groups.
         blocks = {f"plane{c}": PlaneBuffer(max_blocks, band_blocks=2 if c == 0 else 1, lanes=self.lanes)
                   for c in range(3)}
-        blocks.update({f"up{c}": RowUpsampler(8) for c in (1, 2)}, color=ColorConverter(8))
+        blocks.update({f"up{c}": RowUpsampler(8) for c in (1, 2)}, color=ColorConverter(8, self.sim_arithmetic))
         groups = {"plane0": ["plane0"], "chroma": ["plane1", "plane2"], "pixels": ["up1", "up2", "color"]}
         for gate_name, names in groups.items():
             gate = ClockGate(gate_name, self.clock_gating)

@@ -131,9 +131,10 @@ def build_device_library(lanes: int = 1, max_width: int = 8192, data_width: int 
     """Build (or reuse) the simulated device's shared library; returns its path.
 
     Arguments as for :class:`dlbooster.hw.device.Device`; ``clock_gating`` (on by
-    default) builds the simulation's form of the design: idle blocks clock-gated and
-    the IDCT's passes modular (``Device``'s ``clock_gating`` and ``modular_idct``): the
-    same results, clock for clock, with less work per clock (docs/benchmarks.md).
+    default) builds the simulation's form of the design: idle blocks clock-gated, and
+    the IDCT's passes and colour conversion without signed arithmetic (``Device``'s
+    ``clock_gating`` and ``sim_arithmetic``): the same results, clock for clock, with
+    less work per clock (docs/benchmarks.md).
     Off, the boards' design itself is simulated. A first
     build takes minutes (elaboration, Yosys flattening, Verilator, and with GCC a
     profile-guided C++ build: an instrumented compile, a training run of
@@ -148,7 +149,7 @@ def build_device_library(lanes: int = 1, max_width: int = 8192, data_width: int 
     toolchain_env()
     params = {"lanes": lanes, "max_width": max_width, "data_width": data_width,
               "job_depth": job_depth, "done_depth": done_depth, "clock_gating": clock_gating,
-              "modular_idct": clock_gating}
+              "sim_arithmetic": clock_gating}
     root = make_folder(cache_root() / "device")
 
     def train(instrumented: Path, build_log, pass_fds) -> None:

@@ -354,9 +354,9 @@ def test_a_gated_plane_buffer_makes_the_same_handshakes_with_the_same_data():
 
 def test_a_clock_gated_lane_gives_the_same_outputs_clock_for_clock():
     """The whole lane as the boards have it and in the simulation's form (clock gates, the
-    IDCT's passes modular): decodable files of every subsampling, corrupted scans
-    (entropy faults, the pixel path's abort), a truncated file, back-pressure and a lane
-    reset mid-stream."""
+    IDCT's passes modular, colour conversion unsigned): decodable files of every
+    subsampling, corrupted scans (entropy faults, the pixel path's abort), a truncated
+    file, back-pressure and a lane reset mid-stream."""
     photo = gen(32, 24, subsampling=2, quality=85)
 
     def corrupted(seed):
@@ -370,7 +370,7 @@ def test_a_clock_gated_lane_gives_the_same_outputs_clock_for_clock():
              corrupted(1), corrupted(2), gen(24, 17, subsampling="440", quality=80), photo[:300]]
     beats = [{"data": int.from_bytes(d[i:i + 4], "little"), "n": len(d[i:i + 4]), "last": i + 4 >= len(d)}
              for d in files for i in range(0, len(d), 4)]
-    lanes = (Lane(64, 4), Lane(64, 4, clock_gating=True, modular_idct=True))
+    lanes = (Lane(64, 4), Lane(64, 4, clock_gating=True, sim_arithmetic=True))
     top = Module()
     top.submodules.free, top.submodules.gated = lanes
     rng = random.Random(5)
