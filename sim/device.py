@@ -99,7 +99,9 @@ def source_key(params: dict, files: list[Path], flags: list[str]) -> str:
 
 
 def _source_key(params: dict) -> str:
-    return source_key(params, [_CPP, _PGO], _FLAGS)
+    # This module too: how it elaborates the device (its Device arguments) is part of the
+    # product, and an index entry must not outlive a change to it.
+    return source_key(params, [_CPP, _PGO, Path(__file__)], _FLAGS)
 
 
 def indexed_build(root: Path, key: str, build) -> Path:
