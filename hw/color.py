@@ -90,45 +90,40 @@ class ColorConverter(wiring.Component):
             m.d.sync += [sides[k].eq(sides[k - 1]) for k in range(1, LATENCY)]
         for p in range(n):
             y, cb, cr = self.i.payload.y[p], self.i.payload.cb[p], self.i.payload.cr[p]
-            if self.unsigned:
-                self._unsigned(m, p, en, valid, y, cb, cr)
-                continue
-            xb = Signal(signed(9), name=f"xb{p}")
-            xr = Signal(signed(9), name=f"xr{p}")
-            m.d.comb += [xb.eq(cb - 128), xr.eq(cr - 128)]
-            # Stage 1: the four products (|product| < 2**24), Y kept alongside.
+            shape1, shape2, products, clamp = (self._unsigned_form(cb, cr) if self.unsigned else
+                                               self._signed_form(m, p, cb, cr))
+            # Stage 1: the products (|product| < 2**24), Y kept alongside.
             y1 = Signal(8, name=f"y1_{p}")
-            r1, g1, b1 = (Signal(signed(26), name=f"{c}1_{p}") for c in "rgb")
-            # Stage 2: rounding shifts to the signed offsets added to Y.
+            stage1 = [Signal(shape1, name=f"{c}1_{p}") for c in "rgb"]
+            # Stage 2: rounding shifts to the offsets added to Y.
             y2 = Signal(8, name=f"y2_{p}")
-            r2, g2, b2 = (Signal(signed(10), name=f"{c}2_{p}") for c in "rgb")
+            stage2 = [Signal(shape2, name=f"{c}2_{p}") for c in "rgb"]
             # Stages 2 and 3 load only with a beat (a bubble leaves them as they were): free
             # on the FPGA, and the simulator skips their arithmetic. Stage 1 loads on every
             # enabled clock: gating its registered products trips an assertion in Yosys
             # 0.70's ECP5 ABC9 mapping.
             with m.If(en):
-                m.d.sync += [y1.eq(y), r1.eq(91881 * xr + 32768), b1.eq(116130 * xb + 32768),
-                             g1.eq(-22554 * xb + 32768 - 46802 * xr)]
+                m.d.sync += [y1.eq(y), *(r1.eq(value) for r1, value in zip(stage1, products))]
             with m.If(en & valid[0]):
-                m.d.sync += [y2.eq(y1), r2.eq(r1 >> 16), g2.eq(g1 >> 16), b2.eq(b1 >> 16)]
+                m.d.sync += [y2.eq(y1), *(r2.eq(r1 >> 16) for r1, r2 in zip(stage1, stage2))]
             with m.If(en & valid[1]):
-                for c, offset in enumerate((r2, g2, b2)):
-                    s = y2 + offset
-                    m.d.sync += self.o.payload.rgb[p][c].eq(Mux(s < 0, 0, Mux(s > 255, 255, s)))
+                for c, offset in enumerate(stage2):
+                    m.d.sync += self.o.payload.rgb[p][c].eq(clamp(y2 + offset))
         return m
 
-    def _unsigned(self, m, p, en, valid, y, cb, cr):
-        """Pixel ``p``'s three stages in offset binary (module docstring)."""
-        y1 = Signal(8, name=f"y1_{p}")
-        r1, g1, b1 = (Signal(25, name=f"{c}1_{p}") for c in "rgb")
-        y2 = Signal(8, name=f"y2_{p}")
-        r2, g2, b2 = (Signal(9, name=f"{c}2_{p}") for c in "rgb")
-        with m.If(en):
-            m.d.sync += [y1.eq(y), r1.eq(91881 * cr + 5049216), b1.eq(116130 * cb + 1945344),
-                         g1.eq((25687552 - (22554 * cb + 46802 * cr))[:25])]
-        with m.If(en & valid[0]):
-            m.d.sync += [y2.eq(y1), r2.eq(r1 >> 16), g2.eq(g1 >> 16), b2.eq(b1 >> 16)]
-        with m.If(en & valid[1]):
-            for c, offset in enumerate((r2, g2, b2)):
-                q = y2 + offset
-                m.d.sync += self.o.payload.rgb[p][c].eq(Mux(q[8:] == 0, 0, Mux(q[9], 255, q[:8])))
+    @staticmethod
+    def _signed_form(m, p, cb, cr):
+        """The stage-1 and stage-2 register shapes, the R, G and B products, and the clamp
+        of Y plus an offset, as libjpeg-turbo computes them."""
+        xb = Signal(signed(9), name=f"xb{p}")
+        xr = Signal(signed(9), name=f"xr{p}")
+        m.d.comb += [xb.eq(cb - 128), xr.eq(cr - 128)]
+        products = [91881 * xr + 32768, -22554 * xb + 32768 - 46802 * xr, 116130 * xb + 32768]
+        return signed(26), signed(10), products, lambda s: Mux(s < 0, 0, Mux(s > 255, 255, s))
+
+    @staticmethod
+    def _unsigned_form(cb, cr):
+        """The same in offset binary (module docstring): every value non-negative, each
+        shifted sum 256 more than the signed one, the clamp read off the sum's top bits."""
+        products = [91881 * cr + 5049216, (25687552 - (22554 * cb + 46802 * cr))[:25], 116130 * cb + 1945344]
+        return 25, 9, products, lambda q: Mux(q[8:] == 0, 0, Mux(q[9], 255, q[:8]))

@@ -142,22 +142,11 @@ def test_sustains_lanes_rows_per_clock(lanes):
 
 
 @needs_verilator
-@pytest.mark.parametrize("lanes", [2])
-def test_other_lane_counts_bit_exact(lanes):
-    from dlbooster.sim.harness import IdctHarness
-
-    rng = np.random.default_rng(lanes)
-    blocks, quant, comps = _random_job(rng, 1500)
-    with IdctHarness(lanes) as harness:
-        result = harness.transform(blocks, quant, comps, valid_percent=70, ready_percent=60)
-    _assert_equal_to_model(result, blocks, quant, comps)
-
-
-@needs_verilator
-def test_modular_passes_give_the_same_rows_in_the_same_clocks():
-    """The simulated device's IDCT (two rows per clock, passes modulo 2**48) against the
-    boards' (each value in its range's width) on full-range random blocks under random
-    gaps: both equal to the model, with the same range faults, and the same clocks."""
+def test_two_rows_per_clock_bit_exact_with_exact_and_modular_passes():
+    """The device's IDCT (two rows per clock) as the boards have it (each value in its
+    range's width) and as the simulated device has it (passes modulo 2**48) on full-range
+    random blocks under random gaps: both equal to the model, with the same range faults,
+    and the same clocks."""
     from dlbooster.sim.harness import IdctHarness
 
     rng = np.random.default_rng(48)
