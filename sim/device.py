@@ -35,12 +35,14 @@ import numpy as np
 from .flow import (SPEED_CONFIG, VERILATOR_FLAGS, build_environment_key, build_verilated, cache_root,
                    export_flat_verilog, make_folder, one_evaluation_per_clock, product_ok,
                    profile_guided_available, toolchain_env, verilator_version)
+from .sink import sink_into_enables
 
 __all__ = ["SimTransport", "SimBuffer", "build_device_library", "PortBehaviour"]
 
 log = logging.getLogger(__name__)
 _CPP = Path(__file__).parent / "cpp" / "device_lib.cpp"
 _PGO = Path(__file__).parent / "pgo.py"      # the profile-guided build's training run
+_SINK = Path(__file__).parent / "sink.py"    # rewrites the Verilog the build compiles
 TOP = "dlbooster_decoder"
 PAGE = 4096
 _FLAGS = ["-CFLAGS", "-O2 -fPIC", "-LDFLAGS", "-shared"]    # after VERILATOR_FLAGS: a shared library
@@ -101,7 +103,7 @@ def source_key(params: dict, files: list[Path], flags: list[str]) -> str:
 def _source_key(params: dict) -> str:
     # This module too: how it elaborates the device (its Device arguments) is part of the
     # product, and an index entry must not outlive a change to it.
-    return source_key(params, [_CPP, _PGO, Path(__file__)], _FLAGS)
+    return source_key(params, [_CPP, _PGO, _SINK, Path(__file__)], _FLAGS)
 
 
 def indexed_build(root: Path, key: str, build) -> Path:
@@ -137,7 +139,10 @@ def build_device_library(lanes: int = 1, max_width: int = 8192, data_width: int 
     the IDCT's passes and colour conversion without signed arithmetic (``Device``'s
     ``clock_gating`` and ``sim_arithmetic``): the same results, clock for clock, with
     less work per clock (docs/benchmarks.md).
-    Off, the boards' design itself is simulated. A first
+    Off, the boards' design itself is simulated. Either way the flattened Verilog is
+    rewritten for Verilator, with the same behaviour clock for clock: one evaluation
+    per clock (:func:`~dlbooster.sim.flow.one_evaluation_per_clock`) and logic moved
+    under the enables that read it (:func:`~dlbooster.sim.sink.sink_into_enables`). A first
     build takes minutes (elaboration, Yosys flattening, Verilator, and with GCC a
     profile-guided C++ build: an instrumented compile, a training run of
     :mod:`dlbooster.sim.pgo`, about 10 seconds, and the final compile); later calls
@@ -168,6 +173,7 @@ def build_device_library(lanes: int = 1, max_width: int = 8192, data_width: int 
                     lanes, max_width, root)
         start = time.monotonic()
         verilog, gates = one_evaluation_per_clock(export_flat_verilog(Device(**params), TOP), "ap_clk")
+        verilog, _ = sink_into_enables(verilog)
         lib = build_verilated(verilog, TOP, _CPP, [*_FLAGS, "-CFLAGS", f"-DDLB_GATES={gates}"], folder=root,
                               name=TOP, output="libdlbdevice.so",
                               sources=[_CPP.read_text(), SPEED_CONFIG.read_text(), _PGO.read_text()],

@@ -1,0 +1,380 @@
+"""Combinational logic moved under the enables of the registers that read it, for
+Verilator (docs/benchmarks.md, "Logic under enables").
+
+Verilator computes a wire of the flattened netlist in every evaluation of its clock
+domain, unless only one expression reads it, which it then inlines there. A register
+behind an enable (``if (en) q <= d``) costs only its enable test while the enable is
+false, but the wires its ``d`` shares with other registers are computed anyway: the
+IDCT's pass inputs, a pipeline stage's shared sums, a payload's unpacking.
+:func:`sink_into_enables` moves each wire that only registers of one group read, all
+in the same branch of the same if/else-if chain on the same clock, into that group's
+process as a blocking assignment inside the branch, so that it is computed only in the
+clocks where the branch is taken. The netlist's behaviour is unchanged: a register
+reads the wire's value at the clock edge either way (the same register and input values;
+the process's blocking assignments run before its non-blocking updates land).
+"""
+
+import collections
+import re
+from dataclasses import dataclass, field
+
+__all__ = ["sink_into_enables"]
+
+_ID = r"\\\S+|[A-Za-z_][\w$]*"       # an identifier as Yosys writes it (escaped ones end at a space)
+_LITERAL = re.compile(r"\d+'s?[bodhBODH][0-9a-fA-FxXzZ_?]+")
+_TOKEN = re.compile(r"\\\S+|\$?[A-Za-z_][\w$]*")
+_KEYWORDS = frozenset({"if", "else", "begin", "end", "posedge", "negedge", "or"})
+_ASSIGN = re.compile(r"  assign (.+?) = (.+);$")
+_TARGET = re.compile(rf"({_ID})(\s*\[\d+(?::\d+)?\])?")
+_WIRE = re.compile(rf"  wire (?:\[(\d+):(\d+)\] )?({_ID})\s*;$")
+_PORT = re.compile(rf"  (?:input|output|inout) (?:signed )?(?:\[[^\]]*\] )?({_ID})")
+_PROCESS = re.compile(r"  always @\((.*)\)( begin)?$")
+
+
+def _names(text: str) -> list[str]:
+    """The identifiers an expression or statement reads (not literals, not system
+    functions such as ``$signed``)."""
+    return [t for t in _TOKEN.findall(_LITERAL.sub(" ", text)) if t[0] != "$" and t not in _KEYWORDS]
+
+
+@dataclass
+class _Branch:
+    cond: str | None          # None: an unconditional branch (``else``, or no ``if``)
+    lhs: str
+    rhs: str
+
+
+@dataclass
+class _Chain:
+    """One register's (or memory port's) process: ``always @(sens)`` and an
+    if/else-if/else chain with one non-blocking assignment in each branch."""
+    sens: str
+    branches: list[_Branch]
+
+    @property
+    def key(self) -> tuple:
+        return self.sens, tuple(b.cond for b in self.branches)
+
+
+def _chain(sens: str, body: str) -> _Chain | None:
+    """Parse ``if (c) s; else if (c) s; else s;`` (each ``s`` one ``lhs <= rhs;``,
+    perhaps inside ``begin``/``end``); None for any other form."""
+    branches, rest = [], body.strip()
+    while rest:
+        if branches:
+            if not rest.startswith("else"):
+                return None
+            rest = rest[4:].lstrip()
+        cond = None
+        if rest.startswith("if ("):
+            depth = 0
+            for i, ch in enumerate(rest):
+                depth += (ch == "(") - (ch == ")")
+                if depth == 0 and ch == ")":
+                    break
+            cond, rest = rest[4:i], rest[i + 1:].lstrip()
+        wrapped = rest.startswith("begin ")
+        if wrapped:
+            rest = rest[6:].lstrip()
+        stmt, _, rest = rest.partition(";")
+        rest = rest.lstrip()
+        if wrapped:
+            if not rest.startswith("end"):
+                return None
+            rest = rest[3:].lstrip()
+        if "<=" not in stmt or ";" in stmt:
+            return None
+        lhs, rhs = stmt.split("<=", 1)
+        branches.append(_Branch(cond, lhs.strip(), rhs.strip() + " "))    # an escaped name ends at a space
+        if cond is None and rest:
+            return None
+    return _Chain(sens, branches) if branches else None
+
+
+@dataclass
+class _Netlist:
+    items: list = field(default_factory=list)    # (kind, payload, lines)
+    targets: dict = field(default_factory=dict)  # assign item -> the wires it drives (None: unknown)
+    defs: dict = field(default_factory=dict)     # wire -> the assign items that drive it
+    whole: set = field(default_factory=set)      # wires one assign drives whole
+    width: dict = field(default_factory=dict)    # wire -> bits
+    decl: dict = field(default_factory=dict)     # wire -> declaration item index
+    uses: collections.defaultdict = field(default_factory=lambda: collections.defaultdict(list))
+
+
+def _parse(verilog: str) -> _Netlist:
+    net = _Netlist()
+    lines = verilog.split("\n")
+    i = 0
+    while i < len(lines):
+        line = lines[i]
+        if line.startswith("  function") or line.startswith("  always") or line.startswith("  initial"):
+            j = i + 1
+            if line.startswith("  function"):
+                while lines[j].strip() != "endfunction":
+                    j += 1
+                j += 1
+            elif line.rstrip().endswith("begin"):
+                depth = 1
+                while depth:
+                    text = lines[j].strip()
+                    depth += text.endswith("begin") - (text == "end" or text.startswith("end "))
+                    j += 1
+            else:
+                while j < len(lines) and lines[j].startswith("    "):
+                    j += 1
+            block = lines[i:j]
+            head = _PROCESS.match(block[0])
+            chain = None
+            if head:
+                chain = _chain(head.group(1), " ".join(x.strip() for x in block[1:-1 if head.group(2) else None]))
+            net.items.append(("chain" if chain else "block", chain, block))
+            i = j
+            continue
+        assign = _ASSIGN.match(line)
+        net.items.append(("assign" if assign else "line", assign and (assign.group(1), assign.group(2)), [line]))
+        i += 1
+    ports = set()
+    for n, (kind, payload, block) in enumerate(net.items):
+        if kind == "assign":
+            lhs, rhs = payload
+            lhs = lhs.strip()
+            parts = [part.strip() for part in lhs[1:-1].split(",")] if lhs[0] == "{" and lhs[-1] == "}" else [lhs]
+            found = [_TARGET.fullmatch(part) for part in parts]
+            wires = None if None in found else [match.group(1) for match in found]
+            net.targets[n] = wires
+            for name in wires or _names(lhs):
+                net.defs.setdefault(name, []).append(n)
+            if wires == [lhs]:
+                net.whole.add(lhs)
+            for name in _names(rhs):
+                net.uses[name].append(("assign", n) if wires else ("other",))
+        elif kind == "chain":
+            for name in _names(payload.sens):
+                net.uses[name].append(("other",))
+            for k, branch in enumerate(payload.branches):
+                if branch.cond is not None:
+                    for name in _names(branch.cond):
+                        net.uses[name].append(("other",))
+                target = _TARGET.match(branch.lhs)
+                for name in _names(branch.lhs[target.end():] if target else branch.lhs) + _names(branch.rhs):
+                    net.uses[name].append(("chain", payload.sens, branch.cond))
+        else:
+            line = block[0]
+            port, wire = _PORT.match(line), _WIRE.match(line)
+            if port:
+                ports.add(port.group(1))
+            elif wire and kind == "line":
+                net.decl[wire.group(3)] = n
+                net.width[wire.group(3)] = int(wire.group(1)) - int(wire.group(2)) + 1 if wire.group(1) else 1
+            elif not (line.startswith("  reg ") or line.startswith("module ") or line.startswith(", ")):
+                for text in block:
+                    for name in _names(text):
+                        net.uses[name].append(("other",))
+    for name in ports:
+        net.decl.pop(name, None)
+    return net
+
+
+def sink_into_enables(verilog: str, max_width: int = 64) -> tuple[str, int]:
+    """Move the combinational logic that registers read only under one enable into
+    their process, computed only when the enable is true (module docstring).
+
+    ``verilog`` is a flattened module as :func:`dlbooster.sim.flow.export_flat_verilog`
+    writes it (after :func:`~dlbooster.sim.flow.one_evaluation_per_clock` or not):
+    each register or memory port a process ``always @(S)`` with an if/else-if chain of
+    non-blocking assignments. A wire moves to the place ``(S, C)`` when it is declared
+    on its own, is not a port, is at most ``max_width`` bits (wider values would be
+    assembled through Verilator's wide-word helpers), is only driven by ``assign``
+    statements of the whole wire or of constant bit ranges, and each of its readers is
+    a branch ``if (C)`` of a process on ``S`` or a wire that moves to the same place.
+    Only wires that more than one expression reads (which Verilator would compute on
+    every evaluation) and the wires that read them move.
+
+    The processes that read a place's wires become one process: first, for each of
+    its places, ``if (C) begin ... end`` with the wires as blocking assignments in
+    dependency order, then the processes' chains as they were. A moved wire that one
+    expression reads is substituted into it instead, as ``$unsigned(N'(expr))`` (a
+    constant bit range of it as a shift and a cast).
+
+    Returns the Verilog and the number of wires moved. Processes, assignments and
+    declarations in any other form are kept as they are, and what they read stays put.
+    """
+    net = _parse(verilog)
+    found, busy = {}, object()
+
+    def wire_place(wire):
+        """The (sensitivity, condition) under which every reader of ``wire`` reads it,
+        or None."""
+        if ("wire", wire) in found:
+            where = found["wire", wire]
+            return None if where is busy else where
+        found["wire", wire] = busy
+        where = None
+        if wire in net.decl and net.width[wire] <= max_width and all(net.targets[n] for n in net.defs[wire]):
+            places = set()
+            for use in net.uses[wire]:
+                at = (use[1], use[2]) if use[0] == "chain" else item_place(use[1]) if use[0] == "assign" else None
+                if at is None or at[1] is None:
+                    places = None
+                    break
+                places.add(at)
+            if places and len(places) == 1:
+                where, = places
+        found["wire", wire] = where
+        return where
+
+    def item_place(n):
+        """The place of every wire the assignment ``n`` drives, or None."""
+        places = {wire_place(wire) for wire in net.targets[n]}
+        return places.pop() if len(places) == 1 else None
+
+    # An assignment to a concatenation stays (compiled as one, its parts cost more than
+    # they save under an enable, docs/benchmarks.md).
+    movable = {n: at for n in net.targets
+               if net.targets[n] and len(net.targets[n]) == 1 and (at := item_place(n)) is not None}
+    # Every assignment that drives a movable wire is movable to the same place.
+    movable = {n: at for n, at in movable.items()
+               if all(movable.get(m) == at for wire in net.targets[n] for m in net.defs[wire])}
+
+    def reads(n):
+        return _names(net.items[n][1][1])
+
+    # What Verilator would compute in every evaluation (a wire more than one expression
+    # reads), what reads it, and whatever else drives the same wires.
+    moved = {n: at for n, at in movable.items() if any(len(net.uses[w]) > 1 for w in net.targets[n])}
+    grown = True
+    while grown:
+        grown = False
+        for n, at in movable.items():
+            if n not in moved and (any(m in moved for w in net.targets[n] for m in net.defs[w])
+                                   or any(m in moved for w in reads(n) for m in net.defs.get(w, ()))):
+                moved[n] = at
+                grown = True
+    order, seen = [], set()
+
+    def visit(n):
+        if n not in seen:
+            seen.add(n)
+            for wire in reads(n):
+                for m in net.defs.get(wire, ()):
+                    if m in moved:
+                        visit(m)
+            order.append(n)
+
+    for n in moved:
+        visit(n)
+    temps = collections.defaultdict(list)       # place -> assign items in dependency order
+    for n in order:
+        temps[moved[n]].append(n)
+    moved_wires = {wire: moved[n] for n in moved for wire in net.targets[n]}
+
+    # Processes that read the same place become one process (union-find over places).
+    parent = {}
+
+    def root(x):
+        while parent.setdefault(x, x) != x:
+            parent[x] = parent[parent[x]]
+            x = parent[x]
+        return x
+
+    readers = {}
+    for n, (kind, chain, _) in enumerate(net.items):
+        if kind != "chain":
+            continue
+        mine = {moved_wires[name] for b in chain.branches for name in _names(b.lhs) + _names(b.rhs)
+                if name in moved_wires}
+        if mine:
+            readers[n] = next(iter(mine))
+            for at in mine:
+                parent[root(at)] = root(readers[n])
+    merged = collections.defaultdict(list)
+    for n, at in readers.items():
+        merged[root(at)].append(n)
+    places = collections.defaultdict(list)
+    for at in temps:
+        places[root(at)].append(at)
+    gone = set(moved)
+    moved_decl = {net.decl[wire] for wire in moved_wires}
+    # Each merged process where its last member was, after every declaration it reads.
+    last = {members[-1]: group for group, members in merged.items()}
+    inside = {n for members in merged.values() for n in members}
+    out = []
+    for n, (kind, chain, block) in enumerate(net.items):
+        if n in gone or (n in inside and n not in last):
+            continue
+        if n in moved_decl:
+            out.append(block[0].replace("  wire ", "  reg ", 1))
+        elif n in last:
+            group = last[n]
+            out.extend(_process([net.items[m][1] for m in merged[group]], places[group], temps, net))
+        else:
+            out.extend(block)
+    return "\n".join(out), len(moved_wires)
+
+
+def _process(chains: list[_Chain], places: list, temps: dict, net: _Netlist) -> list[str]:
+    """One process for ``chains``. Chains with the same conditions share one if/else
+    chain, so that each condition is tested once; a place's moved wires are assigned at
+    the start of the branch under its condition when one such chain reads them all, and
+    under an ``if`` of their own before the chains otherwise."""
+    keys = list(dict.fromkeys(chain.key for chain in chains))
+    home = {}
+    for at in places:
+        wires = {wire for n in temps[at] for wire in net.targets[n]}
+        readers = {chain.key for chain in chains
+                   if any(name in wires for b in chain.branches for name in _names(b.lhs) + _names(b.rhs))}
+        key = next(iter(readers)) if len(readers) == 1 else None
+        home[at] = (key, key[1].index(at[1])) if key and at[1] in key[1] else None
+    stmts = []                  # [lhs, op, rhs, the wire it drives whole or None, (key, branch) or place]
+    for at in places:
+        for n in temps[at]:
+            lhs, rhs = net.items[n][1]
+            whole = net.targets[n][0] if net.targets[n] == [lhs.strip()] else None
+            stmts.append([lhs, "=", rhs, whole, home[at] or at])
+    for chain in chains:
+        stmts += [[b.lhs, "<=", b.rhs, None, (chain.key, k)] for k, b in enumerate(chain.branches)]
+    _substitute_single_reads(stmts, net)
+    lines = [f"  always @({chains[0].sens}) begin"]
+    for at in places:
+        if home[at] is None:
+            body = [f"      {lhs} = {rhs} ;" for lhs, op, rhs, wire, where in stmts if where == at and wire != ""]
+            if body:
+                lines += [f"    if ({at[1]}) begin", *body, "    end"]
+    for key in keys:
+        for k, cond in enumerate(key[1]):
+            head = ("if" if k == 0 else "else if") + f" ({cond})" if cond is not None else "" if k == 0 else "else"
+            lines.append(f"    {head} begin")
+            lines += [f"      {lhs} {op} {rhs} ;" for lhs, op, rhs, wire, where in stmts
+                      if where == (key, k) and wire != ""]
+            lines.append("    end")
+    lines.append("  end")
+    return lines
+
+
+def _substitute_single_reads(stmts: list, net: _Netlist) -> None:
+    """Put each moved wire that one expression reads (whole, or a constant bit range of
+    it) into that expression, so that the compiled model keeps it in a register instead
+    of storing it; its own statement is marked dropped (wire "")."""
+    for stmt in stmts:
+        wire = stmt[3]
+        if not wire or wire not in net.whole or len(net.uses[wire]) != 1:
+            continue
+        if wire.startswith("\\"):
+            pattern = re.compile(re.escape(wire) + r" (?:\s*\[(\d+)(?::(\d+))?\])?")
+        else:
+            pattern = re.compile(r"(?<![\w$\\])" + re.escape(wire) + r"(?![\w$])(?:\s*\[(\d+)(?::(\d+))?\])?")
+        readers = [s for s in stmts if s is not stmt and s[3] != "" and (pattern.search(s[2]) or pattern.search(s[0]))]
+        if len(readers) != 1 or pattern.search(readers[0][0]) or len(pattern.findall(readers[0][2])) != 1:
+            continue
+        value = f"$unsigned({net.width[wire]}'({stmt[2]}))"
+
+        def put(match, value=value):
+            if match.group(1) is None:
+                return value + " "
+            high = int(match.group(1))
+            low = int(match.group(2)) if match.group(2) is not None else high
+            return f"$unsigned({high - low + 1}'({value} >> {low})) "
+
+        readers[0][2] = pattern.sub(put, readers[0][2])
+        stmt[3] = ""
