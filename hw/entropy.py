@@ -216,8 +216,9 @@ class Unstuffer(wiring.Component):
         dropped_fill = Signal()
         # Byte 0 to the MSB, bytes past the run cleared.
         swapped = Signal(32)
-        m.d.comb += swapped.eq(Cat(b[3], b[2], b[1], b[0])
-                               & Array([Const(0xFFFFFFFF << (32 - 8 * r), 32) for r in range(5)])[run])
+        # The mask as a shift, not a table of constants: the same function of run, which
+        # a simulator computes in a few operations instead of bit by bit.
+        m.d.comb += swapped.eq(Cat(b[3], b[2], b[1], b[0]) & ~(Const(0xFFFFFFFF, 32) >> (run * 8)))
         with m.If(run != 0):
             with m.If(~self.seek):
                 m.d.comb += [self.offer_n.eq(run), self.offer_data.eq(swapped)]
@@ -247,8 +248,7 @@ class Unstuffer(wiring.Component):
             shifted.eq(win >> (consume * 8)),
             self.input.ready.eq(~ended & (remaining <= 4) & ~self.clear),
             accept.eq(self.input.valid & self.input.ready),
-            incoming.eq((beat.data & Array([Const((1 << (8 * n)) - 1, 32) for n in range(8)])[beat.n])
-                        << (remaining * 8)),
+            incoming.eq((beat.data & ~(Const(0xFFFFFFFF, 32) << (beat.n * 8))[:32]) << (remaining * 8)),
         ]
         with m.If(self.clear | self.flush):
             m.d.sync += after_fill.eq(0)

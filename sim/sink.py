@@ -27,6 +27,7 @@ _KEYWORDS = frozenset({"if", "else", "begin", "end", "posedge", "negedge", "or"}
 _ASSIGN = re.compile(r"  assign (.+?) = (.+);$")
 _TARGET = re.compile(rf"({_ID})(\s*\[\d+(?::\d+)?\])?")
 _WIRE = re.compile(rf"  wire (?:\[(\d+):(\d+)\] )?({_ID})\s*;$")
+_WIRE_ASSIGN = re.compile(rf"  wire (?:\[(\d+):(\d+)\] )?({_ID})\s*= (.+);$")     # declared and driven
 _PORT = re.compile(rf"  (?:input|output|inout) (?:signed )?(?:\[[^\]]*\] )?({_ID})")
 _PROCESS = re.compile(r"  always @\((.*)\)( begin)?$")
 
@@ -131,8 +132,14 @@ def _parse(verilog: str) -> _Netlist:
             net.items.append(("chain" if chain else "block", chain, block))
             i = j
             continue
-        assign = _ASSIGN.match(line)
-        net.items.append(("assign" if assign else "line", assign and (assign.group(1), assign.group(2)), [line]))
+        assign, declared = _ASSIGN.match(line), _WIRE_ASSIGN.match(line)
+        if declared:
+            name = declared.group(3)
+            net.decl[name] = len(net.items)
+            net.width[name] = int(declared.group(1)) - int(declared.group(2)) + 1 if declared.group(1) else 1
+            assign = declared
+        net.items.append(("assign" if assign else "line", assign and (assign.group(assign.lastindex - 1),
+                                                                      assign.group(assign.lastindex)), [line]))
         i += 1
     ports = set()
     for n, (kind, payload, block) in enumerate(net.items):
@@ -301,10 +308,10 @@ def sink_into_enables(verilog: str, max_width: int = 64) -> tuple[str, int]:
     inside = {n for members in merged.values() for n in members}
     out = []
     for n, (kind, chain, block) in enumerate(net.items):
-        if n in gone or (n in inside and n not in last):
-            continue
         if n in moved_decl:
-            out.append(block[0].replace("  wire ", "  reg ", 1))
+            out.append(block[0].replace("  wire ", "  reg ", 1).split(" = ", 1)[0].rstrip(";") + ";")
+        elif n in gone or (n in inside and n not in last):
+            continue
         elif n in last:
             group = last[n]
             out.extend(_process([net.items[m][1] for m in merged[group]], places[group], temps, net))
@@ -354,16 +361,16 @@ def _process(chains: list[_Chain], places: list, temps: dict, net: _Netlist) -> 
 
 def _substitute_single_reads(stmts: list, net: _Netlist) -> None:
     """Put each moved wire that one expression reads (whole, or a constant bit range of
-    it) into that expression, so that the compiled model keeps it in a register instead
+    it; not under a variable index) into that expression, so that the compiled model keeps it in a register instead
     of storing it; its own statement is marked dropped (wire "")."""
     for stmt in stmts:
         wire = stmt[3]
         if not wire or wire not in net.whole or len(net.uses[wire]) != 1:
             continue
         if wire.startswith("\\"):
-            pattern = re.compile(re.escape(wire) + r" (?:\s*\[(\d+)(?::(\d+))?\])?")
+            pattern = re.compile(re.escape(wire) + r" (?:\s*\[(\d+)(?::(\d+))?\])?(?!\s*\[)")
         else:
-            pattern = re.compile(r"(?<![\w$\\])" + re.escape(wire) + r"(?![\w$])(?:\s*\[(\d+)(?::(\d+))?\])?")
+            pattern = re.compile(r"(?<![\w$\\])" + re.escape(wire) + r"(?![\w$])(?:\s*\[(\d+)(?::(\d+))?\])?(?!\s*\[)")
         readers = [s for s in stmts if s is not stmt and s[3] != "" and (pattern.search(s[2]) or pattern.search(s[0]))]
         if len(readers) != 1 or pattern.search(readers[0][0]) or len(pattern.findall(readers[0][2])) != 1:
             continue

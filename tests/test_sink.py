@@ -79,6 +79,16 @@ def test_sinking_moves_what_one_enable_reads_and_keeps_conditions_outputs_and_sh
     # what reads s, where they are.
     other = flat.replace("  assign s = x + y;\n", "  assign s = x + y;\n  assign { \\k1 , \\k2  } = s[1:0];\n")
     assert other != flat and "assign s = x + y;" in sink_into_enables(other)[0]
+    # A wire declared with its value (Yosys writes some that way) moves too.
+    declared = flat.replace("  wire [17:0] \\$2 ;\n", "").replace("  assign \\$2  = s + x;", "  wire [17:0] \\$2  = s + x;")
+    assert declared != flat
+    moved_declared, count = sink_into_enables(declared)
+    assert count == moved and "  reg [17:0] \\$2 ;" in moved_declared and "wire [17:0] \\$2" not in moved_declared
+    assert "a <= $unsigned(18'(s + x))" in moved_declared
+    # A wire read under a variable index is assigned, not substituted (a cast cannot be
+    # indexed).
+    indexed, _ = sink_into_enables(flat.replace("else if (en) a <= \\$2 ;", "else if (en) a <= \\$2 [x[3:0] +: 2];"))
+    assert "      \\$2  = s + x ;" in indexed and "a <= \\$2 [x[3:0] +: 2]" in indexed
     # Nothing else to move the second time; the width bound keeps s where it was.
     assert sink_into_enables(text)[1] == 0
     assert sink_into_enables(flat, max_width=16) == (flat, 0)
