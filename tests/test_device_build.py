@@ -419,13 +419,16 @@ def test_the_build_environment_and_the_runtime_modules_the_gateware_imports_are_
 
     sources = {p.resolve() for p in device._gateware_sources()}
     assert {Path(dlbooster.jpeg.__file__).resolve(), Path(dlbooster.hw.idct.__file__).resolve()} <= sources
-    # The device library's key holds its harness, its training run and sim/device.py,
-    # which chooses how the device is elaborated.
+    # The device library's key holds its harness, its training run, sim/device.py,
+    # which chooses how the device is elaborated, and sim/sink.py, which rewrites its
+    # Verilog.
+    import dlbooster.sim.sink
+
     given = []
     monkeypatch.setattr(device, "source_key", lambda params, files, flags: given.append(files) or "key")
     device._source_key({"lanes": 1})
-    assert {Path(device.__file__).resolve(), device._CPP.resolve(), device._PGO.resolve()} <= \
-        {Path(f).resolve() for f in given[0]}
+    assert {Path(device.__file__).resolve(), device._CPP.resolve(), device._PGO.resolve(),
+            Path(dlbooster.sim.sink.__file__).resolve()} <= {Path(f).resolve() for f in given[0]}
 
 
 def test_a_device_outside_its_register_fields_is_refused():
