@@ -637,12 +637,14 @@ class EntropyDecoder(wiring.Component):
                     m.d.sync += [
                         symbols.eq(symbols + 1),
                         r1.after.eq((window << length)[16:32]), r1.size.eq(size),
-                        r1.dc.eq(is_dc), r1.comp.eq(comp), r1.bx.eq((mcu_x << h2) | bxi),
-                        r1.by.eq((mcu_y << v2) | byi),
+                        r1.dc.eq(is_dc), r1.comp.eq(comp),
                     ]
                     with m.If(is_dc):
+                        # A block's position, with its first symbol (the DC): the AC
+                        # symbols after it keep it.
                         m.d.sync += [r1.valid.eq(1), r1.coef.eq(1), r1.last.eq(0),
-                                     r1.index.eq(0), k.eq(1), ncoef.eq(1)]
+                                     r1.index.eq(0), k.eq(1), ncoef.eq(1),
+                                     r1.bx.eq((mcu_x << h2) | bxi), r1.by.eq((mcu_y << v2) | byi)]
                     with m.Elif(size != 0):
                         m.d.sync += [
                             r1.valid.eq(1), r1.coef.eq(1), r1.last.eq(kk == 63),
