@@ -26,8 +26,9 @@ _TOKEN = re.compile(r"\\\S+|\$?[A-Za-z_][\w$]*")
 _KEYWORDS = frozenset({"if", "else", "begin", "end", "posedge", "negedge", "or"})
 _ASSIGN = re.compile(r"  assign (.+?) = (.+);$")
 _TARGET = re.compile(rf"({_ID})(\s*\[\d+(?::\d+)?\])?")
-_WIRE = re.compile(rf"  wire (?:\[(\d+):(\d+)\] )?({_ID})\s*;$")
-_WIRE_ASSIGN = re.compile(rf"  wire (?:\[(\d+):(\d+)\] )?({_ID})\s*= (.+);$")     # declared and driven
+# Declarations of ``[N:0]`` or one bit only: a moved wire's bit ranges are read as shifts.
+_WIRE = re.compile(rf"  wire (?:\[(\d+):(0)\] )?({_ID})\s*;$")
+_WIRE_ASSIGN = re.compile(rf"  wire (?:\[(\d+):(0)\] )?({_ID})\s*= (.+);$")     # declared and driven
 _PORT = re.compile(rf"  (?:input|output|inout) (?:signed )?(?:\[[^\]]*\] )?({_ID})")
 _PROCESS = re.compile(r"  always @\((.*)\)( begin)?$")
 
@@ -63,7 +64,7 @@ def _chain(sens: str, body: str) -> _Chain | None:
     branches, rest = [], body.strip()
     while rest:
         if branches:
-            if not rest.startswith("else"):
+            if not re.match(r"else(?![\w$])", rest):
                 return None
             rest = rest[4:].lstrip()
         cond = None
@@ -190,19 +191,27 @@ def sink_into_enables(verilog: str, max_width: int = 64) -> tuple[str, int]:
     ``verilog`` is a flattened module as :func:`dlbooster.sim.flow.export_flat_verilog`
     writes it (after :func:`~dlbooster.sim.flow.one_evaluation_per_clock` or not):
     each register or memory port a process ``always @(S)`` with an if/else-if chain of
-    non-blocking assignments. A wire moves to the place ``(S, C)`` when it is declared
-    on its own, is not a port, is at most ``max_width`` bits (wider values would be
-    assembled through Verilator's wide-word helpers), is only driven by ``assign``
-    statements of the whole wire or of constant bit ranges, and each of its readers is
-    a branch ``if (C)`` of a process on ``S`` or a wire that moves to the same place.
-    Only wires that more than one expression reads (which Verilator would compute on
-    every evaluation) and the wires that read them move.
+    non-blocking assignments. A wire moves to the place ``(S, C)`` when:
 
-    The processes that read a place's wires become one process: first, for each of
-    its places, ``if (C) begin ... end`` with the wires as blocking assignments in
-    dependency order, then the processes' chains as they were. A moved wire that one
-    expression reads is substituted into it instead, as ``$unsigned(N'(expr))`` (a
-    constant bit range of it as a shift and a cast).
+    - it is declared on its own as ``[N:0]`` or one bit, is not a port, and is at most
+      ``max_width`` bits (wider values would be assembled through Verilator's wide-word
+      helpers);
+    - it is driven only by ``assign`` statements of the whole wire or of constant bit
+      ranges of it, or by its declaration (``wire w = expr;``);
+    - each of its readers is a branch ``if (C)`` of a process on ``S`` or a wire that
+      moves to the same place: a reader of any other kind (an assignment to a
+      concatenation, a condition, an output) keeps it, and whatever it reads, where it is.
+
+    Only wires that more than one expression reads (which Verilator would compute on
+    every evaluation) and the wires that read them move. The processes that read a
+    place's wires become one process: the wires first, as blocking assignments in
+    dependency order under ``if (C)`` (at the start of the branch ``if (C)`` when one
+    condition chain reads them all), then the processes' chains, those with the same
+    conditions sharing one if/else chain unless two of them with different conditions
+    write the same register or memory (then each keeps its own, in netlist order). A
+    moved wire that one expression reads is substituted into it instead, as
+    ``$unsigned(N'(expr))`` (a constant bit range of it as a shift and a cast; never
+    under a variable index, where it is assigned).
 
     Returns the Verilog and the number of wires moved. Processes, assignments and
     declarations in any other form are kept as they are, and what they read stays put.
@@ -258,6 +267,17 @@ def sink_into_enables(verilog: str, max_width: int = 64) -> tuple[str, int]:
                                    or any(m in moved for w in reads(n) for m in net.defs.get(w, ()))):
                 moved[n] = at
                 grown = True
+    # A moved wire becomes a variable of its process: an assignment that stays (one to a
+    # concatenation, say) must not read it. Such a wire stays, with whatever drives it,
+    # until no moved wire has a reader outside the moved assignments and the processes.
+    while True:
+        stranded = {m for n in moved for w in net.targets[n] if any(
+            use[0] != "chain" and (use[0] != "assign" or use[1] not in moved) for use in net.uses[w])
+            for m in net.defs[w]}
+        if not stranded & moved.keys():
+            break
+        for n in stranded:
+            moved.pop(n, None)
     order, seen = [], set()
 
     def visit(n):
@@ -322,25 +342,32 @@ def sink_into_enables(verilog: str, max_width: int = 64) -> tuple[str, int]:
 
 def _process(chains: list[_Chain], places: list, temps: dict, net: _Netlist) -> list[str]:
     """One process for ``chains``. Chains with the same conditions share one if/else
-    chain, so that each condition is tested once; a place's moved wires are assigned at
-    the start of the branch under its condition when one such chain reads them all, and
-    under an ``if`` of their own before the chains otherwise."""
-    keys = list(dict.fromkeys(chain.key for chain in chains))
+    chain, so that each condition is tested once, unless two chains with different
+    conditions write the same register or memory (then every chain keeps its own, in
+    their order in the netlist, so that the later write still wins). A place's moved
+    wires are assigned at the start of the branch under its condition when one such
+    chain reads them all, and under an ``if`` of their own before the chains otherwise."""
+    writers = collections.defaultdict(set)
+    for chain in chains:
+        writers[_names(chain.branches[0].lhs)[0]].add(chain.key)
+    shared = all(len(keys) == 1 for keys in writers.values())
+    group = [chain.key if shared else i for i, chain in enumerate(chains)]
+    conds = {g: chain.key[1] for g, chain in zip(group, chains)}
     home = {}
     for at in places:
         wires = {wire for n in temps[at] for wire in net.targets[n]}
-        readers = {chain.key for chain in chains
+        readers = {g for g, chain in zip(group, chains)
                    if any(name in wires for b in chain.branches for name in _names(b.lhs) + _names(b.rhs))}
-        key = next(iter(readers)) if len(readers) == 1 else None
-        home[at] = (key, key[1].index(at[1])) if key and at[1] in key[1] else None
-    stmts = []                  # [lhs, op, rhs, the wire it drives whole or None, (key, branch) or place]
+        g = next(iter(readers)) if len(readers) == 1 else None
+        home[at] = (g, conds[g].index(at[1])) if g is not None and at[1] in conds[g] else None
+    stmts = []                  # [lhs, op, rhs, the wire it drives whole or None, (group, branch) or place]
     for at in places:
         for n in temps[at]:
             lhs, rhs = net.items[n][1]
             whole = net.targets[n][0] if net.targets[n] == [lhs.strip()] else None
             stmts.append([lhs, "=", rhs, whole, home[at] or at])
-    for chain in chains:
-        stmts += [[b.lhs, "<=", b.rhs, None, (chain.key, k)] for k, b in enumerate(chain.branches)]
+    for g, chain in zip(group, chains):
+        stmts += [[b.lhs, "<=", b.rhs, None, (g, k)] for k, b in enumerate(chain.branches)]
     _substitute_single_reads(stmts, net)
     lines = [f"  always @({chains[0].sens}) begin"]
     for at in places:
@@ -348,40 +375,63 @@ def _process(chains: list[_Chain], places: list, temps: dict, net: _Netlist) -> 
             body = [f"      {lhs} = {rhs} ;" for lhs, op, rhs, wire, where in stmts if where == at and wire != ""]
             if body:
                 lines += [f"    if ({at[1]}) begin", *body, "    end"]
-    for key in keys:
-        for k, cond in enumerate(key[1]):
+    for g in dict.fromkeys(group):
+        for k, cond in enumerate(conds[g]):
             head = ("if" if k == 0 else "else if") + f" ({cond})" if cond is not None else "" if k == 0 else "else"
             lines.append(f"    {head} begin")
             lines += [f"      {lhs} {op} {rhs} ;" for lhs, op, rhs, wire, where in stmts
-                      if where == (key, k) and wire != ""]
+                      if where == (g, k) and wire != ""]
             lines.append("    end")
     lines.append("  end")
     return lines
 
 
+# A literal (kept whole), or a name and the constant bit range read of it, if any.
+_SCAN = re.compile(r"\d+'s?[bodhBODH][0-9a-fA-FxXzZ_?]+|(\\\S+(?=\s)|(?<![\w$\\])\$?[A-Za-z_][\w$]*(?![\w$]))"
+                   r"(\s*\[(\d+)(?::(\d+))?\])?")
+
+
+def _reads_of(wire: str, text: str) -> tuple[list, bool]:
+    """The reads of ``wire`` in ``text``, by whole tokens: ``(start, end, high, low)``
+    each (``high`` None for the whole wire), and whether one is under a variable index."""
+    spans, variable = [], False
+    padded = text + " "               # an escaped name ends at a space
+    for match in _SCAN.finditer(padded):
+        if match.group(1) != wire:
+            continue
+        if match.group(2) is None and re.match(r"\s*\[", padded[match.end():]):
+            variable = True
+        else:
+            spans.append((match.start(), match.end(), match.group(3), match.group(4)))
+    return spans, variable
+
+
 def _substitute_single_reads(stmts: list, net: _Netlist) -> None:
     """Put each moved wire that one expression reads (whole, or a constant bit range of
-    it; not under a variable index) into that expression, so that the compiled model keeps it in a register instead
-    of storing it; its own statement is marked dropped (wire "")."""
+    it; not under a variable index) into that expression, so that the compiled model
+    keeps it in a register instead of storing it; its own statement is marked dropped
+    (wire "")."""
     for stmt in stmts:
         wire = stmt[3]
         if not wire or wire not in net.whole or len(net.uses[wire]) != 1:
             continue
-        if wire.startswith("\\"):
-            pattern = re.compile(re.escape(wire) + r" (?:\s*\[(\d+)(?::(\d+))?\])?(?!\s*\[)")
-        else:
-            pattern = re.compile(r"(?<![\w$\\])" + re.escape(wire) + r"(?![\w$])(?:\s*\[(\d+)(?::(\d+))?\])?(?!\s*\[)")
-        readers = [s for s in stmts if s is not stmt and s[3] != "" and (pattern.search(s[2]) or pattern.search(s[0]))]
-        if len(readers) != 1 or pattern.search(readers[0][0]) or len(pattern.findall(readers[0][2])) != 1:
+        found = []
+        for other in stmts:
+            if other is stmt or other[3] == "":
+                continue
+            in_lhs, variable_lhs = _reads_of(wire, other[0])
+            in_rhs, variable_rhs = _reads_of(wire, other[2])
+            if in_lhs or variable_lhs or variable_rhs:
+                found = None
+                break
+            if in_rhs:
+                found.append((other, in_rhs))
+        if not found or len(found) != 1 or len(found[0][1]) != 1:
             continue
+        (reader, [(start, end, high, low)]), = found
         value = f"$unsigned({net.width[wire]}'({stmt[2]}))"
-
-        def put(match, value=value):
-            if match.group(1) is None:
-                return value + " "
-            high = int(match.group(1))
-            low = int(match.group(2)) if match.group(2) is not None else high
-            return f"$unsigned({high - low + 1}'({value} >> {low})) "
-
-        readers[0][2] = pattern.sub(put, readers[0][2])
+        if high is not None:
+            low = int(low) if low is not None else int(high)
+            value = f"$unsigned({int(high) - low + 1}'({value} >> {low}))"
+        reader[2] = reader[2][:start] + value + " " + reader[2][end:]
         stmt[3] = ""
