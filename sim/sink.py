@@ -6,12 +6,12 @@ domain, unless only one expression reads it, which it then inlines there. A regi
 behind an enable (``if (en) q <= d``) costs only its enable test while the enable is
 false, but the wires its ``d`` shares with other registers are computed anyway: the
 IDCT's pass inputs, a pipeline stage's shared sums, a payload's unpacking.
-:func:`sink_into_enables` moves each wire that only registers of one group read, all
-in the same branch of the same if/else-if chain on the same clock, into that group's
-process as a blocking assignment inside the branch, so that it is computed only in the
-clocks where the branch is taken. The netlist's behaviour is unchanged: a register
-reads the wire's value at the clock edge either way (the same register and input values;
-the process's blocking assignments run before its non-blocking updates land).
+:func:`sink_into_enables` moves each wire that registers read only in branches
+``if (C)`` on one clock into their process, as a blocking assignment under ``if (C)``,
+so that it is computed only in the clocks where ``C`` holds. The netlist's behaviour is
+unchanged: a register reads the wire's value at the clock edge either way (the same
+register and input values; the process's blocking assignments run before its
+non-blocking updates land).
 """
 
 import collections
@@ -21,14 +21,15 @@ from dataclasses import dataclass, field
 __all__ = ["sink_into_enables"]
 
 _ID = r"\\\S+|[A-Za-z_][\w$]*"       # an identifier as Yosys writes it (escaped ones end at a space)
-_LITERAL = re.compile(r"\d+'s?[bodhBODH][0-9a-fA-FxXzZ_?]+")
-_TOKEN = re.compile(r"\\\S+|\$?[A-Za-z_][\w$]*")
+# A literal (skipped whole), or a name and the constant bit range read of it, if any.
+_SCAN = re.compile(r"\d+'s?[bodhBODH][0-9a-fA-FxXzZ_?]+|(\\\S+(?=\s)|(?<![\w$\\])\$?[A-Za-z_][\w$]*(?![\w$]))"
+                   r"(\s*\[(\d+)(?::(\d+))?\])?")
 _KEYWORDS = frozenset({"if", "else", "begin", "end", "posedge", "negedge", "or"})
 _ASSIGN = re.compile(r"  assign (.+?) = (.+);$")
 _TARGET = re.compile(rf"({_ID})(\s*\[\d+(?::\d+)?\])?")
 # Declarations of ``[N:0]`` or one bit only: a moved wire's bit ranges are read as shifts.
-_WIRE = re.compile(rf"  wire (?:\[(\d+):(0)\] )?({_ID})\s*;$")
-_WIRE_ASSIGN = re.compile(rf"  wire (?:\[(\d+):(0)\] )?({_ID})\s*= (.+);$")     # declared and driven
+_WIRE = re.compile(rf"  wire (?:\[(\d+):0\] )?({_ID})\s*;$")
+_WIRE_ASSIGN = re.compile(rf"  wire (?:\[(\d+):0\] )?({_ID})\s*= (.+);$")     # declared and driven
 _PORT = re.compile(rf"  (?:input|output|inout) (?:signed )?(?:\[[^\]]*\] )?({_ID})")
 _PROCESS = re.compile(r"  always @\((.*)\)( begin)?$")
 
@@ -36,7 +37,14 @@ _PROCESS = re.compile(r"  always @\((.*)\)( begin)?$")
 def _names(text: str) -> list[str]:
     """The identifiers an expression or statement reads (not literals, not system
     functions such as ``$signed``)."""
-    return [t for t in _TOKEN.findall(_LITERAL.sub(" ", text)) if t[0] != "$" and t not in _KEYWORDS]
+    return [m.group(1) for m in _SCAN.finditer(text + " ")       # an escaped name ends at a space
+            if m.group(1) and m.group(1)[0] != "$" and m.group(1) not in _KEYWORDS]
+
+
+def _declare(net: "_Netlist", match, n: int) -> None:
+    """Record the wire ``_WIRE`` or ``_WIRE_ASSIGN`` matched as declared by item ``n``."""
+    net.decl[match.group(2)] = n
+    net.width[match.group(2)] = int(match.group(1)) + 1 if match.group(1) else 1
 
 
 @dataclass
@@ -135,9 +143,7 @@ def _parse(verilog: str) -> _Netlist:
             continue
         assign, declared = _ASSIGN.match(line), _WIRE_ASSIGN.match(line)
         if declared:
-            name = declared.group(3)
-            net.decl[name] = len(net.items)
-            net.width[name] = int(declared.group(1)) - int(declared.group(2)) + 1 if declared.group(1) else 1
+            _declare(net, declared, len(net.items))
             assign = declared
         net.items.append(("assign" if assign else "line", assign and (assign.group(assign.lastindex - 1),
                                                                       assign.group(assign.lastindex)), [line]))
@@ -160,7 +166,7 @@ def _parse(verilog: str) -> _Netlist:
         elif kind == "chain":
             for name in _names(payload.sens):
                 net.uses[name].append(("other",))
-            for k, branch in enumerate(payload.branches):
+            for branch in payload.branches:
                 if branch.cond is not None:
                     for name in _names(branch.cond):
                         net.uses[name].append(("other",))
@@ -173,8 +179,7 @@ def _parse(verilog: str) -> _Netlist:
             if port:
                 ports.add(port.group(1))
             elif wire and kind == "line":
-                net.decl[wire.group(3)] = n
-                net.width[wire.group(3)] = int(wire.group(1)) - int(wire.group(2)) + 1 if wire.group(1) else 1
+                _declare(net, wire, n)
             elif not (line.startswith("  reg ") or line.startswith("module ") or line.startswith(", ")):
                 for text in block:
                     for name in _names(text):
@@ -222,10 +227,10 @@ def sink_into_enables(verilog: str, max_width: int = 64) -> tuple[str, int]:
     def wire_place(wire):
         """The (sensitivity, condition) under which every reader of ``wire`` reads it,
         or None."""
-        if ("wire", wire) in found:
-            where = found["wire", wire]
+        if wire in found:
+            where = found[wire]
             return None if where is busy else where
-        found["wire", wire] = busy
+        found[wire] = busy
         where = None
         if wire in net.decl and net.width[wire] <= max_width and all(net.targets[n] for n in net.defs[wire]):
             places = set()
@@ -237,7 +242,7 @@ def sink_into_enables(verilog: str, max_width: int = 64) -> tuple[str, int]:
                 places.add(at)
             if places and len(places) == 1:
                 where, = places
-        found["wire", wire] = where
+        found[wire] = where
         return where
 
     def item_place(n):
@@ -384,11 +389,6 @@ def _process(chains: list[_Chain], places: list, temps: dict, net: _Netlist) -> 
             lines.append("    end")
     lines.append("  end")
     return lines
-
-
-# A literal (kept whole), or a name and the constant bit range read of it, if any.
-_SCAN = re.compile(r"\d+'s?[bodhBODH][0-9a-fA-FxXzZ_?]+|(\\\S+(?=\s)|(?<![\w$\\])\$?[A-Za-z_][\w$]*(?![\w$]))"
-                   r"(\s*\[(\d+)(?::(\d+))?\])?")
 
 
 def _reads_of(wire: str, text: str) -> tuple[list, bool]:
