@@ -143,8 +143,9 @@ def build_device_library(lanes: int = 1, max_width: int = 8192, data_width: int 
     rewritten for Verilator, with the same behaviour clock for clock: one evaluation
     per clock (:func:`~dlbooster.sim.flow.one_evaluation_per_clock`) and logic moved
     under the enables that read it (:func:`~dlbooster.sim.sink.sink_into_enables`). A first
-    build takes minutes (elaboration, Yosys flattening, Verilator, and with GCC a
-    profile-guided C++ build: an instrumented compile, a training run of
+    build takes minutes (elaboration, Yosys flattening, Verilator, and a profile-guided
+    C++ build with the toolchain of :func:`~dlbooster.sim.flow.toolchain`, clang where
+    LLVM 16 or newer is installed, else GCC: an instrumented compile, a training run of
     :mod:`dlbooster.sim.pgo`, about 10 seconds, and the final compile); later calls
     return at once.
 
@@ -159,10 +160,10 @@ def build_device_library(lanes: int = 1, max_width: int = 8192, data_width: int 
               "sim_arithmetic": clock_gating}
     root = make_folder(cache_root() / "device")
 
-    def train(instrumented: Path, build_log, pass_fds) -> None:
+    def train(instrumented: Path, build_log, pass_fds, env) -> None:
         # A few seconds; the limit only keeps a hung run from holding the build's lock.
         subprocess.run([sys.executable, "-m", "dlbooster.sim.pgo", str(instrumented)], check=True,
-                       stdout=build_log, stderr=subprocess.STDOUT, pass_fds=pass_fds, timeout=600)
+                       stdout=build_log, stderr=subprocess.STDOUT, pass_fds=pass_fds, env=env, timeout=600)
 
     def build() -> Path:
         from dlbooster.hw.device import Device

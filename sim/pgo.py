@@ -1,10 +1,11 @@
 """The training run of the simulated device's profile-guided build.
 
-GCC's profile-guided optimisation (``-fprofile-generate``, a run, ``-fprofile-use``)
-lays the Verilated model's code out for the branches a real decode takes: the device
-runs 1.05 to 1.19 times as many clocks per second with it (docs/benchmarks.md).
+Profile-guided optimisation (GCC's ``-fprofile-generate``, a run, ``-fprofile-use``, or
+clang's ``-fprofile-instr-generate`` and ``-fprofile-instr-use``) lays the Verilated
+model's code out for the branches a real decode takes: with GCC the device runs 1.05 to
+1.19 times as many clocks per second with it (docs/benchmarks.md).
 :func:`dlbooster.sim.device.build_device_library` runs this module in a process of its
-own on the instrumented library: GCC writes the profile when that process exits.
+own on the instrumented library: the profile is written when that process exits.
 
 The workload needs nothing beyond Pillow: photo-like images (Pillow's Mandelbrot set
 and Gaussian noise, blurred, for the smooth areas and the texture of photographs)

@@ -116,28 +116,51 @@ def _counter_build(folder: Path, cpp: Path, step: int) -> Path:
                            name="counter", output="Vcounter", sources=[_COUNTER_MAIN])
 
 
-def _gcc() -> bool:
+def _toolchains() -> list:
+    """The toolchains :func:`dlbooster.sim.flow.toolchain` can choose here, as
+    ``DLBOOSTER_TOOLCHAIN`` values; a missing one's parameter is skipped."""
+    from dlbooster.sim.flow import _accepts, _llvm_toolchain
+
+    gcc = _accepts("c++", ("-fprofile-generate",))
+    llvm = _llvm_toolchain(os.environ.get("PATH", "")) is not None
+    return [pytest.param("gcc", marks=pytest.mark.skipif(not gcc, reason="no GCC with profile flags")),
+            pytest.param("llvm", marks=pytest.mark.skipif(not llvm, reason="no clang and llvm-profdata of LLVM 16+"))]
+
+
+def _profile_guided() -> bool:
     from dlbooster.sim.flow import profile_guided_available
 
     return profile_guided_available()
 
 
-@pytest.mark.skipif(not simulator_available("verilator") or not _gcc(), reason="verilator or GCC missing")
-def test_a_profile_guided_build_trains_the_instrumented_product_then_compiles_it_with_the_profile(tmp_path):
-    """``train`` runs once, on an instrumented product that writes GCC's profile; the
-    product is then compiled from that profile (and is no longer instrumented: running it
-    writes no profile); its cache folder is not the plain build's; a failing training run
-    fails the build."""
+def _profiles(obj: Path) -> list[str]:
+    """The profile files of either toolchain in a build's object folder."""
+    return sorted(p.name for p in obj.iterdir() if p.suffix in (".gcda", ".profraw", ".profdata"))
+
+
+@pytest.mark.skipif(not simulator_available("verilator"), reason="verilator not installed")
+@pytest.mark.parametrize("tools", _toolchains())
+def test_a_profile_guided_build_trains_the_instrumented_product_then_compiles_it_with_the_profile(
+        tmp_path, monkeypatch, tools):
+    """``train`` runs once, on an instrumented product that writes the toolchain's profile
+    (GCC's beside the objects, LLVM's where ``env`` says, then merged); the product is
+    then compiled from that profile (and is no longer instrumented: running it writes no
+    profile); its cache folder is not the plain build's; a failing training run fails
+    the build."""
     import subprocess
 
-    from dlbooster.sim.flow import build_verilated
+    from dlbooster.sim.flow import build_verilated, toolchain
 
+    monkeypatch.setenv("DLBOOSTER_TOOLCHAIN", tools)
+    monkeypatch.delenv("MAKEFLAGS", raising=False)
+    llvm = toolchain().profdata is not None
+    assert llvm == (tools == "llvm")
     cpp = tmp_path / "main.cpp"
     cpp.write_text(_COUNTER_MAIN)
     folder = tmp_path / "cache"
     runs = []
 
-    def train(product: Path, log, pass_fds) -> None:
+    def train(product: Path, log, pass_fds, env) -> None:
         # The descriptor is the build's lock file, for the training process to hold, and
         # the lock is held while it trains: another open of the file cannot take it.
         fd, = pass_fds
@@ -146,9 +169,10 @@ def test_a_profile_guided_build_trains_the_instrumented_product_then_compiles_it
         with open(lock) as other, pytest.raises(BlockingIOError):
             fcntl.flock(other, fcntl.LOCK_EX | fcntl.LOCK_NB)
         obj = product.parent / "obj"
-        assert not list(obj.glob("*.gcda"))
-        out = subprocess.run([str(product)], capture_output=True, text=True, check=True).stdout
-        runs.append((out, sorted(p.name for p in obj.glob("*.gcda"))))
+        assert not _profiles(obj)
+        out = subprocess.run([str(product)], capture_output=True, text=True, check=True, env=env,
+                             cwd=tmp_path).stdout
+        runs.append((out, _profiles(obj)))
         log.write(f"trained: {out}")
 
     def build(step: int, train) -> Path:
@@ -158,19 +182,26 @@ def test_a_profile_guided_build_trains_the_instrumented_product_then_compiles_it
     exe = build(3, train)
     assert len(runs) == 1
     out, profiles = runs[0]
-    assert out == "30\n" and "main.gcda" in profiles
+    assert out == "30\n"
     log = (exe.parent / "build.log").read_text()
-    assert "trained: 30" in log and "-fprofile-use" in log and "missing-profile" not in log
+    assert "trained: 30" in log and "missing-profile" not in log
     obj = exe.parent / "obj"
-    before = {p.name: p.stat().st_mtime_ns for p in obj.glob("*.gcda")}
-    assert "main.gcda" in before                 # the profile the final compile read
-    assert subprocess.run([str(exe)], capture_output=True, text=True, check=True).stdout == "30\n"
-    assert {p.name: p.stat().st_mtime_ns for p in obj.glob("*.gcda")} == before
+    before = {p.name: p.stat().st_mtime_ns for p in obj.iterdir() if p.name in _profiles(obj)}
+    if llvm:
+        assert len(profiles) == 1 and re.fullmatch(r"train-\d+\.profraw", profiles[0])
+        assert f"-fprofile-instr-use={obj}/train.profdata" in log and "train.profdata" in before
+        assert "clang++" in log and "-fprofile-use" not in log
+    else:
+        assert "main.gcda" in profiles and "-fprofile-use" in log and "main.gcda" in before
+        assert "-fprofile-instr" not in log
+    assert subprocess.run([str(exe)], capture_output=True, text=True, check=True, cwd=tmp_path).stdout == "30\n"
+    assert {p.name: p.stat().st_mtime_ns for p in obj.iterdir() if p.name in _profiles(obj)} == before
+    assert not list(tmp_path.glob("*.profraw"))           # the final product writes no profile anywhere
     assert build(3, train) == exe and len(runs) == 1
     assert build(3, None).parent != exe.parent
 
-    def failing(product: Path, log, pass_fds) -> None:
-        subprocess.run([str(product)], check=True, capture_output=True)     # writes a profile
+    def failing(product: Path, log, pass_fds, env) -> None:
+        subprocess.run([str(product)], check=True, capture_output=True, env=env)     # writes a profile
         subprocess.run(["false"], check=True)
 
     with pytest.raises(subprocess.CalledProcessError):
@@ -191,6 +222,7 @@ def test_a_profile_guided_build_needs_a_compiler_that_takes_gcc_s_profile_flags(
 
     monkeypatch.setenv("MAKEFLAGS", "-j2 CXX=dlbooster-no-such-compiler")
     assert flow._make_cxx() == "dlbooster-no-such-compiler"
+    assert flow.toolchain() == flow.Toolchain("dlbooster-no-such-compiler")
     assert not flow.profile_guided_available()
     monkeypatch.setenv("MAKEFLAGS", "CXX=true")          # accepts anything
     assert flow.profile_guided_available()
@@ -198,6 +230,65 @@ def test_a_profile_guided_build_needs_a_compiler_that_takes_gcc_s_profile_flags(
     assert not flow.profile_guided_available()
     monkeypatch.delenv("MAKEFLAGS")
     assert flow._make_cxx() == "c++"
+
+
+def _fake_tool(folder: Path, name: str, text: str) -> None:
+    """An executable ``folder/name`` that prints ``text`` (a version) whatever its arguments."""
+    path = folder / name
+    path.write_text(f"#!/bin/sh\necho '{text}'\n")
+    path.chmod(0o755)
+
+
+def test_the_toolchain_prefers_clang_of_llvm_16_or_newer_with_its_own_profile_tool(tmp_path, monkeypatch):
+    """``auto`` takes the newest clang of LLVM 16 or newer that has the llvm-profdata of its
+    release (beside it or versioned on PATH), else GCC's ``c++``; ``gcc`` never takes
+    clang; ``llvm`` must find it; ``CXX=`` in MAKEFLAGS wins; the choice is in the cache key."""
+    from dlbooster.sim import flow
+
+    def chosen():
+        # The search is cached per PATH; this test changes the folders' contents.
+        flow._llvm_toolchain.cache_clear()
+        return flow.toolchain()
+
+    monkeypatch.delenv("MAKEFLAGS", raising=False)
+    monkeypatch.setenv("DLBOOSTER_TOOLCHAIN", "auto")
+    bin_ = tmp_path / "bin"
+    bin_.mkdir()
+    monkeypatch.setenv("PATH", str(bin_))
+    assert chosen() == flow.Toolchain("c++")
+    key = flow.build_environment_key()
+    _fake_tool(bin_, "clang++-14", "Debian clang version 14.0.6")
+    _fake_tool(bin_, "llvm-profdata-14", "Debian LLVM version 14.0.6")
+    _fake_tool(bin_, "clang++-17", "clang version 17.0.1")
+    assert chosen() == flow.Toolchain("c++")        # 14 is too old, 17 has no profile tool
+    _fake_tool(bin_, "llvm-profdata-17", "LLVM version 16.0.0")
+    assert chosen() == flow.Toolchain("c++")        # not its release
+    _fake_tool(bin_, "llvm-profdata-17", "LLVM version 17.0.1")
+    llvm = flow.Toolchain(str(bin_ / "clang++-17"), str(bin_ / "llvm-profdata-17"))
+    assert chosen() == llvm
+    assert llvm.makeflags == [f"CXX={llvm.cxx}", f"LINK={llvm.cxx}"] and llvm.flags == ["-LDFLAGS", "-latomic"]
+    assert llvm.profile_use(Path("/o")) == ["-CFLAGS", "-fprofile-instr-use=/o/train.profdata"]
+    assert flow.build_environment_key() != key
+    # A newer release wins, its profile tool found beside the compiler's real path.
+    real = tmp_path / "llvm-18" / "bin"
+    real.mkdir(parents=True)
+    _fake_tool(real, "clang++", "clang version 18.1.8")
+    _fake_tool(real, "llvm-profdata", "LLVM version 18.1.8")
+    (bin_ / "clang++").symlink_to(real / "clang++")
+    assert chosen() == flow.Toolchain(str(bin_ / "clang++"), str(real / "llvm-profdata"))
+    monkeypatch.setenv("DLBOOSTER_TOOLCHAIN", "gcc")
+    assert chosen() == flow.Toolchain("c++") and chosen().makeflags == []
+    monkeypatch.setenv("DLBOOSTER_TOOLCHAIN", "llvm")
+    assert chosen().profdata == str(real / "llvm-profdata")
+    monkeypatch.setenv("MAKEFLAGS", "CXX=g++-12")
+    assert chosen() == flow.Toolchain("g++-12")
+    monkeypatch.delenv("MAKEFLAGS")
+    monkeypatch.setenv("PATH", str(tmp_path / "empty"))
+    with pytest.raises(ValueError, match="DLBOOSTER_TOOLCHAIN=llvm: no clang"):
+        chosen()
+    monkeypatch.setenv("DLBOOSTER_TOOLCHAIN", "icc")
+    with pytest.raises(ValueError, match="not auto, gcc or llvm"):
+        chosen()
 
 
 @pytest.mark.parametrize("max_width", [64, 256, 8192])
@@ -216,15 +307,21 @@ def test_the_profile_run_covers_the_hardware_profile_s_subsamplings_restarts_and
     assert all(i.frame.width == min(256, max_width) for i in infos)
 
 
-@pytest.mark.skipif(not simulator_available("verilator") or not _gcc(), reason="verilator or GCC missing")
+@pytest.mark.skipif(not simulator_available("verilator") or not _profile_guided(),
+                    reason="verilator missing, or a toolchain without profile-guided builds")
 def test_the_device_library_is_profile_guided_and_its_training_run_decodes_like_pillow():
-    """The 1-lane device library (the build the device tests share) was compiled from a
-    training run's profile, and that run's seven images equal Pillow's decodes."""
+    """The 1-lane device library (the build the device tests share) was compiled by the
+    toolchain :func:`~dlbooster.sim.flow.toolchain` chose from a training run's profile,
+    and that run's seven images equal Pillow's decodes."""
     from dlbooster.sim.device import build_device_library
+    from dlbooster.sim.flow import toolchain
 
     log = (build_device_library(lanes=1, max_width=256).parent / "build.log").read_text()
     assert "profile run: 7 images, 7 decoded, 0 different from Pillow" in log
-    assert "-fprofile-generate" in log and "-fprofile-use" in log
+    if toolchain().profdata:
+        assert "-fprofile-instr-generate" in log and "-fprofile-instr-use=" in log and toolchain().cxx in log
+    else:
+        assert "-fprofile-generate" in log and "-fprofile-use" in log
 
 
 @pytest.mark.skipif(not simulator_available("verilator"), reason="verilator not installed")
