@@ -404,18 +404,24 @@ class HuffmanTables(wiring.Component):
         m.d.comb += [first[l].eq(~ge[l] & (ge[:l].all() if l else 1)) for l in range(16)]
         length = Signal(5)
         index = Signal(8)
-        m.d.comb += [
-            length.eq(Mux(ge.all(), 17, 0)
-                      | reduce(operator.or_, (Mux(first[l], l + 1, 0) for l in range(16)))),
-            index.eq(reduce(operator.or_, (Mux(first[l], (self.window[15 - l:] + port.data[17:])[:8], 0)
-                                          for l, (_, port) in enumerate(limits)))),
-        ]
+        # Each length bit an OR of the one-hot bits of the lengths that have it (17 when
+        # every limit is reached), written bit by bit: Yosys then has no shared OR cells to
+        # regroup into wires assigned in pieces, which a simulator must evaluate every
+        # clock; as whole wires they are evaluated only when a long code is registered
+        # (sim/sink.py). The same function as OR-ing ``first[l] ? l + 1 : 0``.
+        m.d.comb += [length[b].eq(Cat(*(first[l] for l in range(16) if (l + 1) >> b & 1),
+                                      *((ge.all(),) if 17 >> b & 1 else ())).any())
+                     for b in range(5)]
+        m.d.comb += index.eq(reduce(operator.or_, (Mux(first[l], (self.window[15 - l:] + port.data[17:])[:8], 0)
+                                                  for l, (_, port) in enumerate(limits))))
         m.d.comb += [rd.addr.eq(index) for _, rd in tables]
         m.d.comb += [rd.addr.eq(self.window[8:]) for _, rd in lookahead]
         entry = Signal(17)
         m.d.comb += [
             entry.eq(Array([rd.data for _, rd in lookahead])[self.select]),
-            self.fast.eq(~ge[7]),
+            # ~ge[7], compared on its own: ``fast`` is needed in every clock, the
+            # comparators only for a long code.
+            self.fast.eq(self.window[8:] < limits[7][1].data[8:17]),
             self.fast_length.eq(entry[:4]),
             self.fast_total.eq(entry[4:9]),
             self.fast_symbol.eq(entry[9:]),

@@ -220,3 +220,26 @@ def test_writes_to_one_memory_keep_their_order_in_a_merged_process():
     assert moved == 2
     writes = re.findall(r"mem\[y\[3:0\]\] <= (\S+)", sunk)
     assert writes == ["t1[7:0]", "t2[7:0]"], sunk
+
+
+def test_the_huffman_comparators_are_computed_only_when_a_long_code_is_registered():
+    """The entropy decoder's sixteen code-limit compares, the one-hot length and the
+    symbol index serve only codes longer than 8 bits (hw/entropy.py): after the
+    rewriting they are blocking assignments inside the process of the register that
+    takes a long code, not logic evaluated in every clock; ``fast``, needed in every
+    clock, has a compare of its own and stays. Fails if Yosys's output regroups them
+    into pieces the rewriting cannot move."""
+    from dlbooster.hw.entropy import EntropyDecoder
+
+    flat = one_evaluation_per_clock(export_flat_verilog(EntropyDecoder(), "top"), "clk")[0]
+    text, _ = sink_into_enables(flat)
+    names = ["huff.ge", "huff.first", "huff.length", "huff.valid", "huff.index"]
+    for name in names:
+        (declared,) = re.findall(rf"^  (reg|wire)\b[^;\n]*\\{re.escape(name)} ;$", text, re.M)
+        assert declared == "reg", name
+        assert not re.search(rf"^  assign \\{re.escape(name)}\b", text, re.M), name
+    # Computed in one process, the one that loads the long-code register (``valid``,
+    # read once, substituted into that load).
+    (process,) = [p for p in re.split(r"\n  always ", text) if "\\huff.ge [15] =" in p]
+    assert all(f"\\{name} " in process for name in names if name != "huff.valid") and "<=" in process
+    assert re.search(r"^  assign fast = \\buf \[63:56\] < ", text, re.M)
