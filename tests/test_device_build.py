@@ -266,7 +266,8 @@ def test_the_toolchain_prefers_clang_of_llvm_16_or_newer_with_its_own_profile_to
     _fake_tool(bin_, "llvm-profdata-17", "LLVM version 17.0.1")
     llvm = flow.Toolchain(str(bin_ / "clang++-17"), str(bin_ / "llvm-profdata-17"))
     assert chosen() == llvm
-    assert llvm.makeflags == [f"CXX={llvm.cxx}", f"LINK={llvm.cxx}"] and llvm.flags == ["-LDFLAGS", "-latomic"]
+    assert llvm.makeflags == [f"CXX={llvm.cxx}", f"LINK={llvm.cxx}"]
+    assert llvm.flags == ["-CFLAGS", "-O3", "-LDFLAGS", "-latomic"]
     assert llvm.profile_use(Path("/o")) == ["-CFLAGS", "-fprofile-instr-use=/o/train.profdata"]
     assert flow.build_environment_key() != key
     # A newer release wins, its profile tool found beside the compiler's real path.
