@@ -536,7 +536,9 @@ class Idct(wiring.Component):
             m.d.sync += r1.valid.eq(issue)
         with m.If(issue):
             m.d.sync += [r1.group.eq(rj), r1.tag.eq(btag[rb]),
-                         r1.mask.eq(Cat(*(mask[rb].bit_select(r * 8 + rj * lanes + p, 1)
+                         # One shift brings the beat's columns to bits 0..lanes-1 of each
+                         # row's byte, then constant bits: not a variable select per bit.
+                         r1.mask.eq(Cat(*((mask[rb] >> (rj * lanes))[r * 8 + p]
                                           for p in range(lanes) for r in range(8)))),
                          rj.eq(rj + 1 if beats > 1 else 0)]
             with m.If(rj == beats - 1):
