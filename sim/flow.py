@@ -246,10 +246,11 @@ def _icarus_version() -> str:
 _BUILD_ENV = ("MAKEFLAGS", "CXX", "CXXFLAGS", "CPPFLAGS", "LDFLAGS", "OPT_FAST", "OPT_SLOW", "OPT_GLOBAL")
 
 
-def build_environment_key() -> list[str]:
+def build_environment_key(tools: Toolchain | None = None) -> list[str]:
     """What the build environment adds to a C++ build's cache key: the variables of
-    :data:`_BUILD_ENV` as set, and the toolchain the build runs (:func:`toolchain`):
-    its compiler's version and, for LLVM, its profile tool."""
+    :data:`_BUILD_ENV` as set, and the toolchain the build runs (``tools``; by default
+    :func:`toolchain`'s, which the Verilator builds of :func:`build_verilated` use): its
+    compiler's version and, for LLVM, its profile tool."""
     def value(name: str) -> str:
         text = os.environ.get(name, "")
         if name == "MAKEFLAGS":
@@ -259,8 +260,9 @@ def build_environment_key() -> list[str]:
             text = " ".join(word for word in text.split() if "=" in word and not word.startswith("-"))
         return f"{name}={text}"
 
-    tools = toolchain()
-    return [value(name) for name in _BUILD_ENV] + [f"{tools.profdata or ''} {_compiler_version(tools.cxx)}"]
+    tools = tools or toolchain()
+    cxx = shutil.which(tools.cxx) or tools.cxx          # the compiler PATH finds now
+    return [value(name) for name in _BUILD_ENV] + [f"{tools.profdata or ''} {_compiler_version(cxx)}"]
 
 
 def _make_cxx() -> str:
@@ -321,10 +323,10 @@ class Toolchain:
     @property
     def flags(self) -> list[str]:
         """Verilator flags every build adds, for clang: ``-O3`` for the model (after the
-        builds' own ``-O2``; 1.5 % fewer instructions per device clock than ``-O2`` and
-        about 1.03 times the clocks per second, docs/benchmarks.md, where GCC gains
-        nothing from it), and libatomic, whose ``__atomic_*`` helpers clang's code calls
-        where GCC inlines them."""
+        builds' own ``-O2``; 1.5 % fewer instructions per device clock than ``-O2``, the
+        wall clock within noise, docs/benchmarks.md; GCC gains nothing from it), and
+        libatomic, whose ``__atomic_*`` helpers clang's code calls where GCC inlines
+        them."""
         return ["-CFLAGS", "-O3", "-LDFLAGS", "-latomic"] if self.profdata else []
 
     @property
@@ -341,18 +343,31 @@ class Toolchain:
 def _llvm_major(*command: str) -> int | None:
     """The LLVM release (major version) that a version command's output names, or None."""
     try:
-        text = subprocess.run(command, capture_output=True, text=True).stdout
-    except OSError:
+        text = subprocess.run(command, capture_output=True, text=True, timeout=60).stdout
+    except (OSError, subprocess.TimeoutExpired):
         return None
     found = re.search(r"(?:clang|LLVM) version (\d+)", text)
     return int(found.group(1)) if found else None
+
+
+def _links_profiled(cxx: str) -> bool:
+    """Whether clang ``cxx`` links an instrumented shared library: its profile runtime
+    (Debian's ``libclang-rt-N-dev``, only a recommended package of ``clang-N``) and
+    libatomic are installed."""
+    try:
+        return subprocess.run([cxx, "-fprofile-instr-generate", "-fPIC", "-shared", "-latomic", "-x", "c++", "-",
+                               "-o", os.devnull], input="int f() { return 0; }\n", capture_output=True, text=True,
+                              timeout=120).returncode == 0
+    except (OSError, subprocess.TimeoutExpired):
+        return False
 
 
 @functools.cache
 def _llvm_toolchain(path: str) -> Toolchain | None:
     """The newest clang of at least :data:`LLVM_MIN` on the search path ``path``
     (``clang++`` or ``clang++-N``) with the ``llvm-profdata`` of its release (beside it,
-    or ``llvm-profdata-N`` on the path), or None."""
+    or ``llvm-profdata-N`` on the path) that links a profile-instrumented library, or
+    None."""
     names = {"clang++"}
     for folder in path.split(os.pathsep):
         with contextlib.suppress(OSError):
@@ -360,6 +375,7 @@ def _llvm_toolchain(path: str) -> Toolchain | None:
     found = []
     for name in names:
         cxx = shutil.which(name, path=path)
+        cxx = cxx and os.path.abspath(cxx)      # make runs the compiler from obj/
         major = cxx and _llvm_major(cxx, "--version")
         if not major or major < LLVM_MIN:
             continue
@@ -367,7 +383,8 @@ def _llvm_toolchain(path: str) -> Toolchain | None:
                          shutil.which(f"llvm-profdata-{major}", path=path)):
             # llvm-profdata says its release with ``show --version``.
             if profdata and os.access(profdata, os.X_OK) and _llvm_major(str(profdata), "show", "--version") == major:
-                found.append((major, name, Toolchain(cxx, str(profdata))))
+                if _links_profiled(cxx):
+                    found.append((major, name, Toolchain(cxx, os.path.abspath(profdata))))
                 break
     return max(found, key=lambda f: f[:2])[2] if found else None
 
@@ -376,7 +393,8 @@ def toolchain() -> Toolchain:
     """The C++ toolchain of the Verilator builds, from ``DLBOOSTER_TOOLCHAIN``:
 
     - ``auto`` (the default): clang with LLVM's profile tool where :func:`_llvm_toolchain`
-      finds one (LLVM 16 or newer; Debian: ``apt install clang-16 llvm-16``), else GCC;
+      finds one (LLVM 16 or newer, with its profile runtime; Debian: ``apt install
+      clang-16 llvm-16 libclang-rt-16-dev``), else GCC;
     - ``gcc``: Verilator's default compiler, ``c++``;
     - ``llvm``: clang, which must be found.
 
@@ -649,7 +667,9 @@ def run_cocotb(
     tool = verilator_version() if simulator == "verilator" else _icarus_version()
     options = repr((simulator, waves, build_args, timescale, str(cocotb_tools.config.share_dir),
                     os.environ.get("VERILATOR_ROOT"), importlib.metadata.version("cocotb"), tool,
-                    build_environment_key())).encode()
+                    # cocotb's make compiles with Verilator's default compiler (c++, or a
+                    # CXX= of MAKEFLAGS), not toolchain()'s.
+                    build_environment_key(Toolchain(_make_cxx())))).encode()
     digest = hashlib.sha256(verilog_text.encode() + options).hexdigest()[:16]
     build_dir = cache_root() / "cocotb" / f"{toplevel}-{simulator}-{digest}"
     source = build_dir / f"{toplevel}.v"

@@ -119,9 +119,9 @@ def _counter_build(folder: Path, cpp: Path, step: int) -> Path:
 def _toolchains() -> list:
     """The toolchains :func:`dlbooster.sim.flow.toolchain` can choose here, as
     ``DLBOOSTER_TOOLCHAIN`` values; a missing one's parameter is skipped."""
-    from dlbooster.sim.flow import _accepts, _llvm_toolchain
+    from dlbooster.sim.flow import _GENERATE, _USE, _accepts, _llvm_toolchain
 
-    gcc = _accepts("c++", ("-fprofile-generate",))
+    gcc = all(_accepts("c++", tuple(flags.split())) for flags in (_GENERATE, _USE))
     llvm = _llvm_toolchain(os.environ.get("PATH", "")) is not None
     return [pytest.param("gcc", marks=pytest.mark.skipif(not gcc, reason="no GCC with profile flags")),
             pytest.param("llvm", marks=pytest.mark.skipif(not llvm, reason="no clang and llvm-profdata of LLVM 16+"))]
@@ -191,6 +191,10 @@ def test_a_profile_guided_build_trains_the_instrumented_product_then_compiles_it
         assert len(profiles) == 1 and re.fullmatch(r"train-\d+\.profraw", profiles[0])
         assert f"-fprofile-instr-use={obj}/train.profdata" in log and "train.profdata" in before
         assert "clang++" in log and "-fprofile-use" not in log
+        # The merged profile holds the run's counts (main's among them).
+        shown = subprocess.run([toolchain().profdata, "show", "--all-functions", str(obj / "train.profdata")],
+                               capture_output=True, text=True, check=True).stdout
+        assert "main" in shown and int(re.search(r"Total functions: (\d+)", shown).group(1)) > 0
     else:
         assert "main.gcda" in profiles and "-fprofile-use" in log and "main.gcda" in before
         assert "-fprofile-instr" not in log
@@ -270,12 +274,20 @@ def test_the_toolchain_prefers_clang_of_llvm_16_or_newer_with_its_own_profile_to
     assert llvm.flags == ["-CFLAGS", "-O3", "-LDFLAGS", "-latomic"]
     assert llvm.profile_use(Path("/o")) == ["-CFLAGS", "-fprofile-instr-use=/o/train.profdata"]
     assert flow.build_environment_key() != key
+    # The cocotb builds' key names the compiler their make runs, whatever toolchain() takes.
+    assert flow.build_environment_key(flow.Toolchain("c++")) == key
     # A newer release wins, its profile tool found beside the compiler's real path.
     real = tmp_path / "llvm-18" / "bin"
     real.mkdir(parents=True)
     _fake_tool(real, "clang++", "clang version 18.1.8")
     _fake_tool(real, "llvm-profdata", "LLVM version 18.1.8")
     (bin_ / "clang++").symlink_to(real / "clang++")
+    assert chosen() == flow.Toolchain(str(bin_ / "clang++"), str(real / "llvm-profdata"))
+    # A newer one that cannot link an instrumented library (no profile runtime) is passed over.
+    (bin_ / "clang++-19").write_text("#!/bin/sh\ncase \"$*\" in *-fprofile-instr-generate*) exit 1;; esac\n"
+                                     "echo 'clang version 19.1.0'\n")
+    (bin_ / "clang++-19").chmod(0o755)
+    _fake_tool(bin_, "llvm-profdata-19", "LLVM version 19.1.0")
     assert chosen() == flow.Toolchain(str(bin_ / "clang++"), str(real / "llvm-profdata"))
     monkeypatch.setenv("DLBOOSTER_TOOLCHAIN", "gcc")
     assert chosen() == flow.Toolchain("c++") and chosen().makeflags == []
