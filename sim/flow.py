@@ -317,7 +317,7 @@ class Toolchain:
     @property
     def makeflags(self) -> list[str]:
         """make variables a build adds: clang compiles and links (its profile runtime
-        links only with it). None for the default compiler or the user's ``CXX=``."""
+        links only with it); none for the default compiler or the user's ``CXX=``."""
         return [f"CXX={self.cxx}", f"LINK={self.cxx}"] if self.profdata else []
 
     @property
