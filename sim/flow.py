@@ -33,7 +33,7 @@ log = logging.getLogger(__name__)
 __all__ = ["CacheError", "cache_path", "cache_root", "make_folder", "toolchain_env", "export_verilog",
            "export_flat_verilog", "one_evaluation_per_clock", "simulator_available", "run_cocotb", "lint_verilog",
            "verilator_version", "build_verilated", "build_environment_key", "product_ok", "profile_guided_available",
-           "PROFILE_GENERATE", "PROFILE_USE", "Toolchain", "toolchain", "LLVM_MIN"]
+           "PROFILE_GENERATE", "PROFILE_USE", "Toolchain", "toolchain", "takes_gcc_profiles", "LLVM_MIN"]
 
 
 #: Verilator flags of the C++ harnesses (the simulated device, the lane and core
@@ -332,8 +332,8 @@ class Toolchain:
     @property
     def profile_generate(self) -> list[str]:
         """Verilator flags of a profile-guided build's instrumented compile."""
-        flag = "-fprofile-instr-generate" if self.profdata else _GENERATE
-        return ["-CFLAGS", flag, "-LDFLAGS", flag]
+        flag = "-fprofile-instr-generate"
+        return ["-CFLAGS", flag, "-LDFLAGS", flag] if self.profdata else PROFILE_GENERATE
 
     def profile_use(self, obj: Path) -> list[str]:
         """Verilator flags of the compile from the profile, written into ``obj``."""
@@ -379,13 +379,13 @@ def _llvm_toolchain(path: str) -> Toolchain | None:
         major = cxx and _llvm_major(cxx, "--version")
         if not major or major < LLVM_MIN:
             continue
-        for profdata in (Path(os.path.realpath(cxx)).with_name("llvm-profdata"),
-                         shutil.which(f"llvm-profdata-{major}", path=path)):
-            # llvm-profdata says its release with ``show --version``.
-            if profdata and os.access(profdata, os.X_OK) and _llvm_major(str(profdata), "show", "--version") == major:
-                if _links_profiled(cxx):
-                    found.append((major, name, Toolchain(cxx, os.path.abspath(profdata))))
-                break
+        # llvm-profdata says its release with ``show --version``.
+        profdata = next((str(tool) for tool in (Path(os.path.realpath(cxx)).with_name("llvm-profdata"),
+                                                shutil.which(f"llvm-profdata-{major}", path=path))
+                         if tool and os.access(tool, os.X_OK) and _llvm_major(str(tool), "show", "--version") == major),
+                        None)
+        if profdata and _links_profiled(cxx):
+            found.append((major, name, Toolchain(cxx, os.path.abspath(profdata))))
     return max(found, key=lambda f: f[:2])[2] if found else None
 
 
@@ -415,12 +415,17 @@ def toolchain() -> Toolchain:
     return llvm or Toolchain("c++")
 
 
+def takes_gcc_profiles(cxx: str) -> bool:
+    """Whether compiler ``cxx`` takes :data:`PROFILE_GENERATE` and :data:`PROFILE_USE`
+    (GCC 10 or later), found by compiling a line with each."""
+    return all(_accepts(cxx, tuple(flags.split())) for flags in (_GENERATE, _USE))
+
+
 def profile_guided_available() -> bool:
     """Whether the builds' toolchain (:func:`toolchain`) makes profile-guided builds: an
-    LLVM one always; a GCC one when its compiler takes :data:`PROFILE_GENERATE` and
-    :data:`PROFILE_USE` (GCC 10 or later), found by compiling a line with each."""
+    LLVM one always; a GCC one when its compiler :func:`takes_gcc_profiles`."""
     tools = toolchain()
-    return bool(tools.profdata) or all(_accepts(tools.cxx, tuple(flags.split())) for flags in (_GENERATE, _USE))
+    return bool(tools.profdata) or takes_gcc_profiles(tools.cxx)
 
 
 def product_ok(product: Path) -> bool:
@@ -491,7 +496,7 @@ def build_verilated(verilog: str, top: str, cpp: Path, flags: list[str], *, fold
     """
     tools = toolchain()
     cmd_flags = [*VERILATOR_FLAGS, "--top-module", top, *flags, *tools.flags]
-    key = [verilog, *sources, verilator_version(), *cmd_flags, *build_environment_key()]
+    key = [verilog, *sources, verilator_version(), *cmd_flags, *build_environment_key(tools)]
     if train is not None:
         key += [*tools.profile_generate, *tools.profile_use(Path("obj"))]
     digest = hashlib.sha256("\0".join(key).encode()).hexdigest()[:16]

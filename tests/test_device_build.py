@@ -119,9 +119,9 @@ def _counter_build(folder: Path, cpp: Path, step: int) -> Path:
 def _toolchains() -> list:
     """The toolchains :func:`dlbooster.sim.flow.toolchain` can choose here, as
     ``DLBOOSTER_TOOLCHAIN`` values; a missing one's parameter is skipped."""
-    from dlbooster.sim.flow import _GENERATE, _USE, _accepts, _llvm_toolchain
+    from dlbooster.sim.flow import _llvm_toolchain, takes_gcc_profiles
 
-    gcc = all(_accepts("c++", tuple(flags.split())) for flags in (_GENERATE, _USE))
+    gcc = takes_gcc_profiles("c++")
     llvm = _llvm_toolchain(os.environ.get("PATH", "")) is not None
     return [pytest.param("gcc", marks=pytest.mark.skipif(not gcc, reason="no GCC with profile flags")),
             pytest.param("llvm", marks=pytest.mark.skipif(not llvm, reason="no clang and llvm-profdata of LLVM 16+"))]
