@@ -245,7 +245,8 @@ class SimTransport:
 
     name = "sim"
     # dlb_counters's values, in its order.
-    _COUNTERS = ("clocks", "violations", "first_violation", "read_beats", "write_beats", "early_reads")
+    _COUNTERS = ("clocks", "violations", "first_violation", "read_beats", "write_beats", "early_reads",
+                 "unfinished")
 
     def __init__(self, lanes: int = 1, max_width: int = 8192, data_width: int = 128,
                  job_depth: int = 16, done_depth: int = 16, clock_gating: bool = True, *,
@@ -270,7 +271,8 @@ class SimTransport:
                                 ("dlb_interrupt", ctypes.c_int, [vp]),
                                 ("dlb_counters", None, [vp, ctypes.POINTER(ctypes.c_uint64)]),
                                 ("dlb_check_gates", None, [vp, ctypes.c_int]),
-                                ("dlb_test_unsettled_reset", None, [vp, ctypes.c_int])):
+                                ("dlb_test_unsettled_reset", None, [vp, ctypes.c_int]),
+                                ("dlb_test_unevaluated_edge", None, [vp])):
             fn = getattr(lib, name)
             fn.restype, fn.argtypes = res, args
         self._lib = lib
@@ -379,14 +381,16 @@ class SimTransport:
     def check_gates(self, on: bool = True) -> None:
         """Count, from now on, the clocks whose single evaluation read a clock gate's enable
         or an output of the AXI4 master before that clock's memory-side inputs had settled
-        it (``early_reads`` in :meth:`counters`; always 0 for a sound design,
-        see :func:`dlbooster.sim.flow.one_evaluation_per_clock`). Each clock then costs a
+        it (``early_reads`` in :meth:`counters`), and the clocks in which a second round of
+        Verilator's scheduler regions would have found work (``unfinished``: the harness
+        runs each region once per clock). Both are always 0 for a sound design (see
+        :func:`dlbooster.sim.flow.one_evaluation_per_clock`). Each clock then costs a
         second evaluation."""
         self._lib.dlb_check_gates(self._h, int(on))
 
     def counters(self) -> dict[str, int]:
         """``clocks`` run, memory ``violations`` (and the ``first_violation`` address),
         ``read_beats`` and ``write_beats`` on the AXI4 master, since the start; and
-        ``early_reads`` (:meth:`check_gates`)."""
+        ``early_reads`` and ``unfinished`` (:meth:`check_gates`)."""
         self._lib.dlb_counters(self._h, self._counters)
         return dict(zip(self._COUNTERS, (int(v) for v in self._counters)))
