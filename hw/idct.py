@@ -356,9 +356,6 @@ BlockRow = block_rows(1)
 
 _Tag = data.StructLayout({"comp": 2, "bx": 16, "by": 16, "ok": 1})
 
-#: A block-store entry: a dequantised coefficient's low 16 bits, and whether it fits them.
-_Stored = data.StructLayout({"value": signed(16), "fit": 1})
-
 
 def _within(x, low: int, high: int, mod: int | None = None):
     """``low <= x <= high`` for a signed ``x``, or for one held modulo ``2**mod`` (its
@@ -443,9 +440,10 @@ class Idct(wiring.Component):
         lanes, nbanks = self.lanes, self.banks
         beats = 8 // lanes
         lb = lanes.bit_length() - 1           # log2(lanes)
-        # A block's checks so far live in the tags' ``ok`` (d1 after the columns, e1 after
-        # the rows), so each check expression has one register to load and a simulator
-        # evaluates it only when that register loads.
+        # A block's checks so far live in one bit a stage (the bank tag's ``ok`` after the
+        # block store, d1's tag after the columns, e1_ok after the rows), so each check
+        # expression has one register to load and a simulator evaluates it only when
+        # that register loads.
         # Read asynchronously from LUT RAM and registered in s1 beside the beat: the
         # dequantiser's multiplier then starts from flip-flops, not from a block RAM's
         # clock-to-out, at the same latency. ``ram_style`` keeps Yosys from folding that
@@ -463,13 +461,16 @@ class Idct(wiring.Component):
 
         # Block store: memory (r, p) holds the columns c = lanes * j + p of row r of every
         # bank, at address (bank, j), so one read gives ``lanes`` whole columns. An entry
-        # keeps the dequantised value's low 16 bits and whether it fits 16 bits: a block
-        # with a value that does not is out of range (the model's ``_simd_safe``), and an
-        # in-range block needs no more bits anywhere before the row pass's products.
+        # keeps the dequantised value's low 16 bits; the bank's tag keeps whether every
+        # value written into it fitted 16 bits: a block with a value that does not is out
+        # of range (the model's ``_simd_safe``), and an in-range block needs no more bits
+        # anywhere before the row pass's products. One bit per block, set as the values
+        # are written, instead of one per entry checked against the written-mask as the
+        # columns are read (16 terms a vector for a simulator).
         mem_w, mem_r = {}, {}
         for r in range(8):
             for p in range(lanes):
-                mem = Memory(shape=_Stored, depth=nbanks * beats, init=[])
+                mem = Memory(shape=signed(16), depth=nbanks * beats, init=[])
                 m.submodules[f"row{r}_{p}"] = mem
                 mem_w[r, p] = mem.write_port()
                 mem_r[r, p] = mem.read_port(transparent_for=())
@@ -501,9 +502,11 @@ class Idct(wiring.Component):
             lane_hit = (col[0:lb] == p) if lb else 1
             m.d.comb += [port.en.eq(s2.valid & b2.coef & (row == r) & lane_hit),
                          port.addr.eq(Cat(col[lb:3], s2.bank)),
-                         port.data.value.eq(s2.value[:16]), port.data.fit.eq(_fits16(s2.value))]
+                         port.data.eq(s2.value[:16])]
+        fits = ~b2.coef | _fits16(s2.value)
         with m.If(s2.valid):
-            m.d.sync += mask[s2.bank].eq(Mux(b2.first, bit, mask[s2.bank] | bit))
+            m.d.sync += [mask[s2.bank].eq(Mux(b2.first, bit, mask[s2.bank] | bit)),
+                         btag[s2.bank].ok.eq(Mux(b2.first, fits, btag[s2.bank].ok & fits))]
             with m.If(b2.first):
                 m.d.sync += [btag[s2.bank].comp.eq(b2.comp), btag[s2.bank].bx.eq(b2.bx),
                              btag[s2.bank].by.eq(b2.by)]
@@ -543,13 +546,11 @@ class Idct(wiring.Component):
                          rj.eq(rj + 1 if beats > 1 else 0)]
             with m.If(rj == beats - 1):
                 m.d.sync += [full[rb].eq(0), rb.eq(rb + 1)]
-        inputs_ok = []
         for p, unit in enumerate(pass1):
-            x = [Mux(r1.mask[8 * p + r], mem_r[r, p].data.value, 0) for r in range(8)]
-            inputs_ok.append(Cat(*(~r1.mask[8 * p + r] | mem_r[r, p].data.fit for r in range(8))).all())
+            x = [Mux(r1.mask[8 * p + r], mem_r[r, p].data, 0) for r in range(8)]
             m.d.comb += [unit.en.eq(en1), unit.i_valid.eq(r1.valid)]
             m.d.comb += [unit.i[r].eq(x[r]) for r in range(8)]
-        m.d.comb += pass1[0].t_i.eq(Cat(r1.group, r1.tag.as_value(), Cat(*inputs_ok).all()))
+        m.d.comb += pass1[0].t_i.eq(Cat(r1.group, r1.tag.as_value(), r1.tag.ok))
         p1 = pass1[0].t_o
         gw = len(r1.group)
         p1_group, p1_tag, p1_ok = p1[0:gw], _Tag(p1[gw:gw + _Tag.size]), p1[-1]

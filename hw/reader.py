@@ -74,7 +74,9 @@ class JobReader(wiring.Component):
         m.d.comb += ar.valid.eq(ar_valid)
 
         # Burst: up to the next burst-aligned boundary, no more than the words left.
-        to_boundary = self.burst - word[:self.burst.bit_length() - 1]
+        # 1..burst, unsigned: Amaranth makes a difference signed, and a signed compare
+        # costs a simulator sign extensions of both sides.
+        to_boundary = (self.burst - word[:self.burst.bit_length() - 1]).as_unsigned()
         length = Signal(range(self.burst + 1))
         m.d.comb += length.eq(Mux(words_left < to_boundary, words_left, to_boundary))
         room = self.depth - fifo.level - inflight

@@ -115,7 +115,9 @@ class JobWriter(wiring.Component):
         w_left = Signal(range(self.burst + 1))    # beats of the current burst still to send
         pending = Signal(range(self.MAX_PENDING + 1))   # bursts asked whose response is not back
         aw, w, b = self.bus.aw, self.bus.w, self.bus.b
-        to_boundary = self.burst - word[:self.burst.bit_length() - 1]
+        # 1..burst, unsigned: Amaranth makes a difference signed, and a signed compare
+        # costs a simulator sign extensions of both sides.
+        to_boundary = (self.burst - word[:self.burst.bit_length() - 1]).as_unsigned()
         level = fifo.level
         length = Mux(level < to_boundary, level, to_boundary)
         ready_to_ask = (level >= to_boundary) | (self.flush & ~self.i.valid & (count == 0) & (level != 0))
