@@ -256,6 +256,7 @@ def test_the_toolchain_prefers_clang_of_llvm_16_or_newer_with_its_own_profile_to
 
     monkeypatch.delenv("MAKEFLAGS", raising=False)
     monkeypatch.setenv("DLBOOSTER_TOOLCHAIN", "auto")
+    monkeypatch.setenv("DLBOOSTER_MARCH", "none")       # the stand-ins take any flag
     bin_ = tmp_path / "bin"
     bin_.mkdir()
     monkeypatch.setenv("PATH", str(bin_))
@@ -302,6 +303,41 @@ def test_the_toolchain_prefers_clang_of_llvm_16_or_newer_with_its_own_profile_to
     monkeypatch.setenv("DLBOOSTER_TOOLCHAIN", "icc")
     with pytest.raises(ValueError, match="not auto, gcc or llvm"):
         chosen()
+
+
+def test_the_builds_compile_for_this_machine_s_processor(tmp_path, monkeypatch):
+    """``DLBOOSTER_MARCH``: ``native`` by default where the compiler takes it, ``none``,
+    or a value the compiler must take; a native build's cache key holds what native
+    means to the compiler on this machine."""
+    from dlbooster.sim import flow
+
+    # A stand-in compiler that takes -march=native and -march=x86-64-v3 only, and
+    # predefines for native the macros of a file.
+    cc, macros = tmp_path / "cc", tmp_path / "macros"
+    macros.write_text("#define __AVX2__ 1\n")
+    cc.write_text(f'#!/bin/sh\ncase "$*" in\n  *-march=native*-dM*) cat {macros};;\n'
+                  '  *-march=native*|*-march=x86-64-v3*) ;;\n  *-march=*) exit 1;;\nesac\n')
+    cc.chmod(0o755)
+    monkeypatch.setenv("MAKEFLAGS", f"CXX={cc}")
+    monkeypatch.delenv("DLBOOSTER_MARCH", raising=False)
+    tools = flow.toolchain()
+    assert tools == flow.Toolchain(str(cc), march="native")
+    assert tools.flags == ["-CFLAGS", "-march=native"]
+    key = flow.build_environment_key(tools)
+    macros.write_text("#define __AVX2__ 1\n#define __AVX512F__ 1\n")
+    flow._native_target.cache_clear()
+    assert flow.build_environment_key(tools) != key
+    monkeypatch.setenv("DLBOOSTER_MARCH", "x86-64-v3")
+    assert flow.toolchain().flags == ["-CFLAGS", "-march=x86-64-v3"]
+    monkeypatch.setenv("DLBOOSTER_MARCH", "none")
+    assert flow.toolchain() == flow.Toolchain(str(cc)) and flow.toolchain().flags == []
+    monkeypatch.setenv("DLBOOSTER_MARCH", "armv8-a")
+    with pytest.raises(ValueError, match="DLBOOSTER_MARCH=armv8-a: .* does not take -march=armv8-a"):
+        flow.toolchain()
+    # A compiler that takes no -march at all: the default target, by default.
+    monkeypatch.delenv("DLBOOSTER_MARCH")
+    monkeypatch.setenv("MAKEFLAGS", "CXX=false")
+    assert flow.toolchain() == flow.Toolchain("false")
 
 
 @pytest.mark.parametrize("max_width", [64, 256, 8192])
