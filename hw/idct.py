@@ -388,7 +388,7 @@ class Idct(wiring.Component):
 
     Structure: a block store of ``banks`` blocks (row memories, a written-mask so
     uncoded coefficients read as zero, dequantisation ``coef * q`` on the way in, each
-    entry kept as 16 bits and a fits-16-bits flag), the column pass (``lanes``
+    entry kept as 16 bits and one flag per block: whether all fitted), the column pass (``lanes``
     :class:`IdctPass` of 16-bit inputs, exact; then DESCALE 11 kept as 16 bits), a
     :class:`TransposeBuffer` of 16-bit elements, the row pass (16-bit inputs, exact),
     DESCALE 18 and the range limit ``T[v & 1023] = clamp(sext10(v) + 128, 0, 255)``.
@@ -413,7 +413,8 @@ class Idct(wiring.Component):
         quant: :data:`QuantWrite` stream (always ready); load before the scan's blocks.
         coef: :data:`CoefBeat` stream from :class:`dlbooster.hw.entropy.EntropyDecoder`;
             a ``first`` beat starts a fresh block (a block cut short by a faulty scan is
-            dropped), the ``last`` beat completes it.
+            dropped), the ``last`` beat completes it; a block gives each coefficient index
+            at most once (its ``fit`` flag is that of all its values written).
         o: :func:`block_rows` ``(lanes)`` stream, ``8 / lanes`` beats per block, blocks
             in input order.
     """

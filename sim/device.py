@@ -154,7 +154,8 @@ def build_device_library(lanes: int = 1, max_width: int = 8192, data_width: int 
             failed (its build.log says why).
         subprocess.TimeoutExpired: the training run took more than 10 minutes.
         ValueError: ``DLBOOSTER_TOOLCHAIN`` is not valid, or asks for LLVM and none is
-            found (:func:`~dlbooster.sim.flow.toolchain`).
+            found; ``DLBOOSTER_MARCH`` names a target the compiler does not take
+            (:func:`~dlbooster.sim.flow.toolchain`).
     """
     toolchain_env()
     params = {"lanes": lanes, "max_width": max_width, "data_width": data_width,

@@ -250,7 +250,8 @@ def build_environment_key(tools: Toolchain | None = None) -> list[str]:
     """What the build environment adds to a C++ build's cache key: the variables of
     :data:`_BUILD_ENV` as set, and the toolchain the build runs (``tools``; by default
     :func:`toolchain`'s, which the Verilator builds of :func:`build_verilated` use): its
-    compiler's version and, for LLVM, its profile tool."""
+    compiler's version, for LLVM its profile tool, and its target (``-march``, with
+    :func:`_native_target` for ``native``)."""
     def value(name: str) -> str:
         text = os.environ.get(name, "")
         if name == "MAKEFLAGS":
@@ -262,39 +263,42 @@ def build_environment_key(tools: Toolchain | None = None) -> list[str]:
 
     tools = tools or toolchain()
     cxx = shutil.which(tools.cxx) or tools.cxx          # the compiler PATH finds now
-    target = _native_target(cxx) if tools.march == "native" else ""
+    target = f"march={tools.march} {_native_target(cxx) if tools.march == 'native' else ''}"
     return [value(name) for name in _BUILD_ENV] + [f"{tools.profdata or ''} {_compiler_version(cxx)}", target]
 
 
 @functools.cache
 def _native_target(cxx: str) -> str:
-    """What ``-march=native`` means to compiler ``cxx`` on this machine (part of the
-    cache key of a build for it, so that a cache shared between machines never hands one
-    a library built for another's processor): a digest of the macros it predefines then,
-    which name the instruction set extensions; empty when that fails."""
+    """What ``-march=native`` means to compiler ``cxx`` on this machine (in the cache key
+    of a build for it, so that a cache shared between machines never hands one a library
+    built for another's processor): a digest of the macros it predefines then, which name
+    the instruction set extensions; empty when the compiler does not say."""
     try:
-        text = subprocess.run([*cxx.split(), "-march=native", "-E", "-dM", "-x", "c++", os.devnull],
-                              capture_output=True, text=True, timeout=60).stdout
+        run = subprocess.run([*cxx.split(), "-march=native", "-E", "-dM", "-x", "c++", os.devnull],
+                             capture_output=True, text=True, timeout=60)
     except (OSError, subprocess.TimeoutExpired):
         return ""
-    return hashlib.sha256("\n".join(sorted(text.splitlines())).encode()).hexdigest()[:16]
+    if run.returncode != 0 or not run.stdout.strip():
+        return ""
+    return hashlib.sha256("\n".join(sorted(run.stdout.splitlines())).encode()).hexdigest()[:16]
 
 
 def _march(cxx: str) -> str:
     """The ``-march=`` of the builds by compiler ``cxx``, from ``DLBOOSTER_MARCH``:
-    ``native`` by default (nothing where the compiler does not take it), ``none`` for the
-    compiler's default target, or another value the compiler takes (``x86-64-v3``: a
-    library that valgrind 3.19, which knows no AVX-512, can run).
+    ``native`` by default or when empty (nothing where the compiler does not take it, or
+    does not say what it means: :func:`_native_target`), ``none`` for the compiler's
+    default target, or another value the compiler takes (``x86-64-v3``: a library that
+    valgrind 3.19, which knows no AVX-512, can run).
 
     Raises:
         ValueError: a value the compiler does not take, other than the default.
     """
-    value = os.environ.get("DLBOOSTER_MARCH", "native") or "none"
+    value = os.environ.get("DLBOOSTER_MARCH") or "native"
     if value == "none":
         return ""
-    if _accepts(cxx, (f"-march={value}",)):
+    if _accepts(cxx, (f"-march={value}",)) and (value != "native" or _native_target(cxx)):
         return value
-    if "DLBOOSTER_MARCH" not in os.environ:
+    if value == "native" and not os.environ.get("DLBOOSTER_MARCH"):
         return ""
     raise ValueError(f"DLBOOSTER_MARCH={value}: {cxx} does not take -march={value}")
 
@@ -359,9 +363,9 @@ class Toolchain:
 
     @property
     def flags(self) -> list[str]:
-        """Verilator flags every build adds: ``-march`` (:attr:`march`; with
-        ``native`` on a Zen 4 machine, 6.6 % fewer instructions per device clock and
-        1.09 times the clocks per second, docs/benchmarks.md); for clang, ``-O3`` for
+        """Verilator flags every build adds: ``-march`` (:attr:`march`; on the Zen 4
+        VM of docs/benchmarks.md, ``x86-64-v3`` gives 6.6 % fewer instructions per
+        device clock with clang 16, and ``native`` runs as fast); for clang, ``-O3`` for
         the model (after the builds' own ``-O2``; 1.5 % fewer instructions per device
         clock than ``-O2``, the wall clock within noise; GCC gains nothing from it),
         and libatomic, whose ``__atomic_*`` helpers clang's code calls where GCC

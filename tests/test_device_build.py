@@ -224,6 +224,7 @@ def test_a_profile_guided_build_needs_a_compiler_that_takes_gcc_s_profile_flags(
     build."""
     from dlbooster.sim import flow
 
+    monkeypatch.delenv("DLBOOSTER_MARCH", raising=False)
     monkeypatch.setenv("MAKEFLAGS", "-j2 CXX=dlbooster-no-such-compiler")
     assert flow._make_cxx() == "dlbooster-no-such-compiler"
     assert flow.toolchain() == flow.Toolchain("dlbooster-no-such-compiler")
@@ -327,10 +328,23 @@ def test_the_builds_compile_for_this_machine_s_processor(tmp_path, monkeypatch):
     macros.write_text("#define __AVX2__ 1\n#define __AVX512F__ 1\n")
     flow._native_target.cache_clear()
     assert flow.build_environment_key(tools) != key
+    keys = {tuple(key), tuple(flow.build_environment_key(tools))}
     monkeypatch.setenv("DLBOOSTER_MARCH", "x86-64-v3")
     assert flow.toolchain().flags == ["-CFLAGS", "-march=x86-64-v3"]
+    keys.add(tuple(flow.build_environment_key()))
     monkeypatch.setenv("DLBOOSTER_MARCH", "none")
     assert flow.toolchain() == flow.Toolchain(str(cc)) and flow.toolchain().flags == []
+    keys.add(tuple(flow.build_environment_key()))
+    assert len(keys) == 4           # each target has a key of its own
+    monkeypatch.setenv("DLBOOSTER_MARCH", "")
+    assert flow.toolchain().march == "native"
+    # A compiler that takes -march=native but does not say what it means: no native build.
+    macros.write_text("")
+    flow._native_target.cache_clear()
+    assert flow.toolchain().march == ""
+    monkeypatch.setenv("DLBOOSTER_MARCH", "native")
+    with pytest.raises(ValueError, match="DLBOOSTER_MARCH=native"):
+        flow.toolchain()
     monkeypatch.setenv("DLBOOSTER_MARCH", "armv8-a")
     with pytest.raises(ValueError, match="DLBOOSTER_MARCH=armv8-a: .* does not take -march=armv8-a"):
         flow.toolchain()
