@@ -293,12 +293,13 @@ def _march(cxx: str) -> str:
     Raises:
         ValueError: a value the compiler does not take, other than the default.
     """
-    value = os.environ.get("DLBOOSTER_MARCH") or "native"
+    chosen = os.environ.get("DLBOOSTER_MARCH")
+    value = chosen or "native"
     if value == "none":
         return ""
     if _accepts(cxx, (f"-march={value}",)) and (value != "native" or _native_target(cxx)):
         return value
-    if value == "native" and not os.environ.get("DLBOOSTER_MARCH"):
+    if not chosen:
         return ""
     raise ValueError(f"DLBOOSTER_MARCH={value}: {cxx} does not take -march={value}")
 

@@ -741,6 +741,7 @@ def test_the_gate_check_counts_a_clock_that_leaves_work_to_a_second_evaluation(s
     src, dst = sim1.allocate(len(data), writable=False), sim1.allocate(_cap(data))
     src.array[:] = np.frombuffer(data, np.uint8)
     assert device.submit(8, src.device_address, len(data), dst.device_address, _cap(data))
+
     def counts():
         c = sim1.counters()
         return c["unfinished"], c["early_reads"]

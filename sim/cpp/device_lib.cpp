@@ -48,16 +48,18 @@ bool Vdlbooster_decoder___024root___eval_phase__nba(Vdlbooster_decoder___024root
 // that finds nothing: every clock of this model is a port (ap_clk and the gates' clocks,
 // sim/flow.py one_evaluation_per_clock allows no other), so the registers cannot trigger
 // a clock, and no logic runs from an input back to an input. About 115 fewer instructions
-// per clock (1.8 %, docs/benchmarks.md). Every clock (tick) is evaluated so; dlb_check_gates
-// runs the second round after each clock of dlb_run and dlb_reset and counts the ones in
-// which it found work. A Verilator that no longer generates these functions fails the
-// library's load (an undefined symbol).
-static inline void evaluate_clock(Vdlbooster_decoder *t) {
+// per clock (1.8 %, docs/benchmarks.md). Every clock (tick) is evaluated so
+// (first_round true); dlb_check_gates runs the second round (false) after each clock of
+// dlb_run and dlb_reset and counts the ones in which it found work. A Verilator that no
+// longer generates these functions fails the library's load (an undefined symbol).
+// Returns whether a region had work.
+static inline bool run_regions(Vdlbooster_decoder *t, bool first_round) {
     auto *root = t->rootp;
-    root->__VicoFirstIteration = 1;
-    Vdlbooster_decoder___024root___eval_phase__ico(root);
-    Vdlbooster_decoder___024root___eval_phase__act(root);
-    Vdlbooster_decoder___024root___eval_phase__nba(root);
+    root->__VicoFirstIteration = first_round;
+    bool work = Vdlbooster_decoder___024root___eval_phase__ico(root);
+    work |= Vdlbooster_decoder___024root___eval_phase__act(root);
+    work |= Vdlbooster_decoder___024root___eval_phase__nba(root);
+    return work;
 }
 
 // Verilator renames the port `interrupt` (a reserved word to it) to __SYM__interrupt.
@@ -308,7 +310,7 @@ static inline void tick(Sim *s) {
     }
     open_gates(t);
     t->ap_clk ^= 1;
-    evaluate_clock(t);
+    run_regions(t, true);
     ++s->clocks;
     if (r) {
         ++s->read_beats;
@@ -318,17 +320,6 @@ static inline void tick(Sim *s) {
     if (b) s->responses.pop_front();
     if (ar) s->reads.push_back(ar_burst);
     if (aw) s->writes.push_back(aw_burst);
-}
-
-// The second round of the scheduler's regions that Verilator's _eval would run after
-// evaluate_clock: whether it found anything to do.
-static bool second_round(Vdlbooster_decoder *t) {
-    auto *root = t->rootp;
-    root->__VicoFirstIteration = 0;
-    bool more = Vdlbooster_decoder___024root___eval_phase__ico(root);
-    more |= Vdlbooster_decoder___024root___eval_phase__act(root);
-    more |= Vdlbooster_decoder___024root___eval_phase__nba(root);
-    return more;
 }
 
 // A clock under dlb_check_gates: a full evaluation before the clock (after its memory-side
@@ -343,7 +334,7 @@ static void checked_step(Sim *s) {
         s->test_unevaluated_edge = false;
         s->top->ap_clk ^= 1;
     }
-    if (second_round(s->top)) ++s->unfinished;
+    if (run_regions(s->top, false)) ++s->unfinished;
 }
 
 // One clock. A function of its own (not inlined): docs/benchmarks.md counts the
