@@ -31,7 +31,7 @@ from typing import IO
 log = logging.getLogger(__name__)
 
 __all__ = ["CacheError", "cache_path", "cache_root", "make_folder", "toolchain_env", "export_verilog",
-           "export_flat_verilog", "one_evaluation_per_clock", "simulator_available", "run_cocotb", "lint_verilog",
+           "export_flat_verilog", "replicate_bit_runs", "one_evaluation_per_clock", "simulator_available", "run_cocotb", "lint_verilog",
            "verilator_version", "build_verilated", "build_environment_key", "product_ok", "profile_guided_available",
            "PROFILE_GENERATE", "PROFILE_USE", "Toolchain", "toolchain", "takes_gcc_profiles", "LLVM_MIN"]
 
@@ -126,7 +126,42 @@ def export_flat_verilog(component, name: str) -> str:
     script = [f"read_rtlil <<rtlil\n{text}\nrtlil", "proc", "flatten", "opt -full", "pmux2shiftx",
               "opt -full", "opt_clean -purge", "memory_collect", "opt_clean",
               "write_verilog -norename -noattr"]
-    return yosys.run(["-q", "-"], "\n".join(script), ignore_warnings=True)
+    verilog, _ = replicate_bit_runs(yosys.run(["-q", "-"], "\n".join(script), ignore_warnings=True))
+    return verilog
+
+
+# A concatenation without nested braces, and a part of it that selects one bit of a name.
+_CONCAT = re.compile(r"\{([^{}]*)\}")
+_BIT = re.compile(r"(?:\\\S+ |[A-Za-z_][\w$]* ?)\[\d+\]")
+
+
+def replicate_bit_runs(verilog: str, shortest: int = 3) -> tuple[str, int]:
+    """Write each run of at least ``shortest`` copies of one bit in a concatenation
+    (``{ x [15], x [15], ..., x [15:0] }``, Yosys's form of a sign extension) as a
+    replication ``{N{x [15]}}``. Verilator evaluates the copies one bit at a time (a
+    shift, a mask and an OR each, or a vector sequence) and a replication as one negation
+    and mask; the netlist is the same. Returns the Verilog and the number of runs
+    rewritten."""
+    count = 0
+
+    def concat(match) -> str:
+        nonlocal count
+        parts = match.group(1).split(",")
+        out, i = [], 0
+        while i < len(parts):
+            part = parts[i].strip()
+            j = i + 1
+            while j < len(parts) and parts[j].strip() == part:
+                j += 1
+            if j - i >= shortest and _BIT.fullmatch(part):
+                out.append(f" {{{j - i}{{{part} }}}}")
+                count += 1
+            else:
+                out.extend(parts[i:j])
+            i = j
+        return "{" + ",".join(out) + "}"
+
+    return _CONCAT.sub(concat, verilog), count
 
 
 _NAME = r"\\\S+ |[A-Za-z_]\w*"       # a Verilog identifier as Yosys writes it (escaped ones end in a space)

@@ -6,7 +6,7 @@ import subprocess
 
 import pytest
 
-from dlbooster.sim.flow import export_flat_verilog, one_evaluation_per_clock, simulator_available
+from dlbooster.sim.flow import export_flat_verilog, one_evaluation_per_clock, replicate_bit_runs, simulator_available
 from dlbooster.sim.sink import sink_into_enables
 
 _OUTPUTS = {"a": 18, "b": 18, "c": 16, "d": 16, "e": 8, "f": 8, "g": 16}
@@ -243,3 +243,45 @@ def test_the_huffman_comparators_are_computed_only_when_a_long_code_is_registere
     (process,) = [p for p in re.split(r"\n  always ", text) if "\\huff.ge [15] =" in p]
     assert all(f"\\{name} " in process for name in names if name != "huff.valid") and "<=" in process
     assert re.search(r"^  assign fast = \\buf \[63:56\] < ", text, re.M)
+
+
+def test_copies_of_one_bit_in_a_concatenation_become_a_replication():
+    text = ("  assign p = { \\a.b [15], \\a.b [15], \\a.b [15], \\a.b [15:0] };\n"
+            "  assign q = { x [3], x [3], y [1], y [1], y [1], y [1], x [3:2], x [3:2], x [3:2] };\n")
+    out, runs = replicate_bit_runs(text)
+    assert runs == 2
+    assert out == ("  assign p = { {3{\\a.b [15] }}, \\a.b [15:0] };\n"
+                   "  assign q = { x [3], x [3], {4{y [1] }}, x [3:2], x [3:2], x [3:2] };\n")
+    assert replicate_bit_runs(out) == (out, 0)
+
+
+def test_a_sign_extension_comes_out_of_the_flattening_as_a_replication():
+    from amaranth import Module, signed
+    from amaranth.lib import wiring
+    from amaranth.lib.wiring import In, Out
+
+    class Extend(wiring.Component):
+        i: In(signed(16))
+        o: Out(48)
+
+        def elaborate(self, platform):
+            m = Module()
+            m.d.sync += self.o.eq(self.i)
+            return m
+
+    text = export_flat_verilog(Extend(), "top")
+    assert re.search(r"\{3[23]\{", text), text
+    assert replicate_bit_runs(text)[1] == 0, text
+
+
+@pytest.mark.skipif(not simulator_available("icarus"), reason="iverilog not installed")
+def test_replications_behave_as_the_copies_they_replace(tmp_path):
+    body = (_CLOCKED + "    if (en) a <= { x [15], x [15], x [15], x [15], x [15:0] };\n" + _CLOCKED
+            + "    b <= { y [2], y [2], y [2], x [0], x [0], x [0], y [7:0] };\n")
+    outputs = {"a": 20, "b": 14}
+    flat = _module(body, outputs)
+    replicated, runs = replicate_bit_runs(flat)
+    assert runs == 3
+    assert _side_by_side(flat, replicated, _INPUTS, outputs, tmp_path) == 0
+    wrong = replicated.replace("{3{x [0] }}", "{3{x [1] }}")
+    assert wrong != replicated and _side_by_side(flat, wrong, _INPUTS, outputs, tmp_path) > 100
