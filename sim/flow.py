@@ -31,7 +31,8 @@ from typing import IO
 log = logging.getLogger(__name__)
 
 __all__ = ["CacheError", "cache_path", "cache_root", "make_folder", "toolchain_env", "export_verilog",
-           "export_flat_verilog", "replicate_bit_runs", "one_evaluation_per_clock", "simulator_available", "run_cocotb", "lint_verilog",
+           "export_flat_verilog", "replicate_bit_runs", "one_evaluation_per_clock", "simulator_available",
+           "run_cocotb", "lint_verilog",
            "verilator_version", "build_verilated", "build_environment_key", "product_ok", "profile_guided_available",
            "PROFILE_GENERATE", "PROFILE_USE", "Toolchain", "toolchain", "takes_gcc_profiles", "LLVM_MIN"]
 
@@ -111,7 +112,8 @@ def export_verilog(component, name: str) -> str:
 def export_flat_verilog(component, name: str) -> str:
     """Verilog of ``component`` as one flattened, optimised module ``name``, for the C++
     Verilator harnesses: Amaranth's RTLIL through the Yosys that Amaranth bundles
-    (``proc; flatten; opt -full; pmux2shiftx; opt -full; opt_clean; memory_collect``).
+    (``proc; flatten; opt -full; pmux2shiftx; opt -full; opt_clean; memory_collect``),
+    with runs of copies of one bit written as replications (:func:`replicate_bit_runs`).
     Verilator then simulates the lane about 2.3 times faster than from
     :func:`export_verilog` (same outputs and clock counts; docs/benchmarks.md) and builds
     it in half the time. No ``wreduce``: the bits it narrows away are driven from the same
@@ -130,8 +132,13 @@ def export_flat_verilog(component, name: str) -> str:
     return verilog
 
 
-# A concatenation without nested braces, and a part of it that selects one bit of a name.
-_CONCAT = re.compile(r"\{([^{}]*)\}")
+# A part of a concatenation: a name (escaped names end at whitespace; one with a comma or
+# a brace in it matches no part, so its concatenation is left alone) with an optional
+# constant select, or a sized constant.
+_PART = r"\s*(?:(?:\\[^\s,{}]+\s|[A-Za-z_][\w$]*\s?)(?:\[\d+(?::\d+)?\])?|\d+'[bodh][0-9a-fA-FxXzZ_?]+)\s*"
+# A concatenation of such parts, opening where a concatenation can open (not inside a name).
+_CONCAT = re.compile(rf"(?<=[\s(={{,?:])\{{({_PART}(?:,{_PART})*)\}}")
+# A part that selects one bit of a name (or one word of a memory).
 _BIT = re.compile(r"(?:\\\S+ |[A-Za-z_][\w$]* ?)\[\d+\]")
 
 
@@ -140,8 +147,8 @@ def replicate_bit_runs(verilog: str, shortest: int = 3) -> tuple[str, int]:
     (``{ x [15], x [15], ..., x [15:0] }``, Yosys's form of a sign extension) as a
     replication ``{N{x [15]}}``. Verilator evaluates the copies one bit at a time (a
     shift, a mask and an OR each, or a vector sequence) and a replication as one negation
-    and mask; the netlist is the same. Returns the Verilog and the number of runs
-    rewritten."""
+    and mask; the netlist is the same. Lines with a string (``$display``) are left alone.
+    Returns the Verilog and the number of runs rewritten."""
     count = 0
 
     def concat(match) -> str:
@@ -161,7 +168,8 @@ def replicate_bit_runs(verilog: str, shortest: int = 3) -> tuple[str, int]:
             i = j
         return "{" + ",".join(out) + "}"
 
-    return _CONCAT.sub(concat, verilog), count
+    lines = [line if '"' in line else _CONCAT.sub(concat, line) for line in verilog.split("\n")]
+    return "\n".join(lines), count
 
 
 _NAME = r"\\\S+ |[A-Za-z_]\w*"       # a Verilog identifier as Yosys writes it (escaped ones end in a space)

@@ -253,6 +253,10 @@ def test_copies_of_one_bit_in_a_concatenation_become_a_replication():
     assert out == ("  assign p = { {3{\\a.b [15] }}, \\a.b [15:0] };\n"
                    "  assign q = { x [3], x [3], {4{y [1] }}, x [3:2], x [3:2], x [3:2] };\n")
     assert replicate_bit_runs(out) == (out, 0)
+    # Names with a comma or a brace in them, and strings, are left alone.
+    for kept in ("  assign { \\$2 [8], \\v,k[1],k[1],k[1] } = a;\n", "  wire \\s{q[1],q[1],q[1]} ;\n",
+                 '    $write("{a [1], a [1], a [1]}");\n'):
+        assert replicate_bit_runs(kept) == (kept, 0)
 
 
 def test_a_sign_extension_comes_out_of_the_flattening_as_a_replication():
@@ -285,3 +289,37 @@ def test_replications_behave_as_the_copies_they_replace(tmp_path):
     assert _side_by_side(flat, replicated, _INPUTS, outputs, tmp_path) == 0
     wrong = replicated.replace("{3{x [0] }}", "{3{x [1] }}")
     assert wrong != replicated and _side_by_side(flat, wrong, _INPUTS, outputs, tmp_path) > 100
+
+
+@pytest.mark.skipif(not simulator_available("icarus"), reason="iverilog not installed")
+def test_replications_behave_the_same_through_the_simulation_rewritings(tmp_path, monkeypatch):
+    """A sign extension under an enable and one read elsewhere, flattened with and
+    without the replications, each through one_evaluation_per_clock, the replicated one
+    also through sink_into_enables: the same outputs in every clock."""
+    from amaranth import Module, signed
+    from amaranth.lib import wiring
+    from amaranth.lib.wiring import In, Out
+
+    import dlbooster.sim.flow as flow
+
+    class Extend(wiring.Component):
+        x: In(signed(16))
+        y: In(16)
+        en: In(1)
+        a: Out(48)
+        b: Out(40)
+
+        def elaborate(self, platform):
+            m = Module()
+            with m.If(self.en):
+                m.d.sync += self.a.eq(self.x)
+            m.d.sync += self.b.eq(self.x.as_signed() + self.y)
+            return m
+
+    replicated = one_evaluation_per_clock(export_flat_verilog(Extend(), "top"), "clk")[0]
+    monkeypatch.setattr(flow, "replicate_bit_runs", lambda verilog, shortest=3: (verilog, 0))
+    plain = one_evaluation_per_clock(export_flat_verilog(Extend(), "top"), "clk")[0]
+    assert re.search(r"\{3[12]\{", replicated) and not re.search(r"\{3[12]\{", plain)
+    sunk, _ = sink_into_enables(replicated)
+    inputs, outputs = {"x": 16, "y": 16, "en": 1, "rst": 1}, {"a": 48, "b": 40}
+    assert _side_by_side(plain, sunk, inputs, outputs, tmp_path) == 0
