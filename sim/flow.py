@@ -132,14 +132,15 @@ def export_flat_verilog(component, name: str) -> str:
     return verilog
 
 
-# A part of a concatenation: a name (escaped names end at whitespace; one with a comma or
-# a brace in it matches no part, so its concatenation is left alone) with an optional
-# constant select, or a sized constant.
-_PART = r"\s*(?:(?:\\[^\s,{}]+\s|[A-Za-z_][\w$]*\s?)(?:\[\d+(?::\d+)?\])?|\d+'[bodh][0-9a-fA-FxXzZ_?]+)\s*"
+# A name in a concatenation (escaped names end at whitespace; one with a comma or a brace
+# in it is no such name, so its concatenation is left alone).
+_CAT_NAME = r"(?:\\[^\s,{}]+\s|[A-Za-z_][\w$]*\s?)"
+# A part of a concatenation: such a name with an optional constant select, or a sized constant.
+_PART = rf"\s*(?:{_CAT_NAME}(?:\[\d+(?::\d+)?\])?|\d+'[bodh][0-9a-fA-FxXzZ_?]+)\s*"
 # A concatenation of such parts, opening where a concatenation can open (not inside a name).
 _CONCAT = re.compile(rf"(?<=[\s(={{,?:])\{{({_PART}(?:,{_PART})*)\}}")
 # A part that selects one bit of a name (or one word of a memory).
-_BIT = re.compile(r"(?:\\\S+ |[A-Za-z_][\w$]* ?)\[\d+\]")
+_BIT = re.compile(rf"{_CAT_NAME}\[\d+\]")
 
 
 def replicate_bit_runs(verilog: str, shortest: int = 3) -> tuple[str, int]:
@@ -340,7 +341,8 @@ def _march(cxx: str) -> str:
     value = chosen or "native"
     if value == "none":
         return ""
-    if _accepts(cxx, (f"-march={value}",)) and (value != "native" or _native_target(cxx)):
+    # Native: the probe of what it means also says whether the compiler takes it.
+    if _native_target(cxx) if value == "native" else _accepts(cxx, (f"-march={value}",)):
         return value
     if not chosen:
         return ""

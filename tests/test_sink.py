@@ -259,22 +259,32 @@ def test_copies_of_one_bit_in_a_concatenation_become_a_replication():
         assert replicate_bit_runs(kept) == (kept, 0)
 
 
-def test_a_sign_extension_comes_out_of_the_flattening_as_a_replication():
+def _extending():
+    """A signed input sign-extended into a register under an enable, and read elsewhere."""
     from amaranth import Module, signed
     from amaranth.lib import wiring
     from amaranth.lib.wiring import In, Out
 
     class Extend(wiring.Component):
-        i: In(signed(16))
-        o: Out(48)
+        x: In(signed(16))
+        y: In(16)
+        en: In(1)
+        a: Out(48)
+        b: Out(40)
 
         def elaborate(self, platform):
             m = Module()
-            m.d.sync += self.o.eq(self.i)
+            with m.If(self.en):
+                m.d.sync += self.a.eq(self.x)
+            m.d.sync += self.b.eq(self.x.as_signed() + self.y)
             return m
 
-    text = export_flat_verilog(Extend(), "top")
-    assert re.search(r"\{3[23]\{", text), text
+    return Extend()
+
+
+def test_a_sign_extension_comes_out_of_the_flattening_as_a_replication():
+    text = export_flat_verilog(_extending(), "top")
+    assert re.search(r"\{3[12]\{", text), text
     assert replicate_bit_runs(text)[1] == 0, text
 
 
@@ -293,32 +303,14 @@ def test_replications_behave_as_the_copies_they_replace(tmp_path):
 
 @pytest.mark.skipif(not simulator_available("icarus"), reason="iverilog not installed")
 def test_replications_behave_the_same_through_the_simulation_rewritings(tmp_path, monkeypatch):
-    """A sign extension under an enable and one read elsewhere, flattened with and
-    without the replications, each through one_evaluation_per_clock, the replicated one
-    also through sink_into_enables: the same outputs in every clock."""
-    from amaranth import Module, signed
-    from amaranth.lib import wiring
-    from amaranth.lib.wiring import In, Out
-
+    """:func:`_extending` flattened with and without the replications, each through
+    one_evaluation_per_clock, the replicated one also through sink_into_enables: the same
+    outputs in every clock."""
     import dlbooster.sim.flow as flow
 
-    class Extend(wiring.Component):
-        x: In(signed(16))
-        y: In(16)
-        en: In(1)
-        a: Out(48)
-        b: Out(40)
-
-        def elaborate(self, platform):
-            m = Module()
-            with m.If(self.en):
-                m.d.sync += self.a.eq(self.x)
-            m.d.sync += self.b.eq(self.x.as_signed() + self.y)
-            return m
-
-    replicated = one_evaluation_per_clock(export_flat_verilog(Extend(), "top"), "clk")[0]
+    replicated = one_evaluation_per_clock(export_flat_verilog(_extending(), "top"), "clk")[0]
     monkeypatch.setattr(flow, "replicate_bit_runs", lambda verilog, shortest=3: (verilog, 0))
-    plain = one_evaluation_per_clock(export_flat_verilog(Extend(), "top"), "clk")[0]
+    plain = one_evaluation_per_clock(export_flat_verilog(_extending(), "top"), "clk")[0]
     assert re.search(r"\{3[12]\{", replicated) and not re.search(r"\{3[12]\{", plain)
     sunk, _ = sink_into_enables(replicated)
     inputs, outputs = {"x": 16, "y": 16, "en": 1, "rst": 1}, {"a": 48, "b": 40}
