@@ -2,20 +2,20 @@
 
 The host runtime: JPEG structure parser and hardware-profile classifier
 (:mod:`dlbooster.jpeg`), the bit-exact reference model of the decoder lane
-(:mod:`dlbooster.model`), decode backends and :func:`decode` (:mod:`dlbooster.backends`),
-the decoder device's host driver (:mod:`dlbooster.device`), and the runtime: the decode
-service over device lanes with its CPU fallback (:mod:`dlbooster.service`), batch
-buffer pools (:mod:`dlbooster.pool`), DistributedSampler-identical sharding
-(:mod:`dlbooster.sampler`), device-side transforms (:mod:`dlbooster.transforms`) and
-the PyTorch loader :class:`Loader` (:mod:`dlbooster.loader`). PyTorch is imported only
+(:mod:`dlbooster.jpeg.model`), decode backends and :func:`decode` (:mod:`dlbooster.backends`),
+the decoder device's host driver (:mod:`dlbooster.device.driver`), and the runtime: the decode
+service over device lanes with its CPU fallback (:mod:`dlbooster.runtime.service`), batch
+buffer pools (:mod:`dlbooster.runtime.pool`), DistributedSampler-identical sharding
+(:mod:`dlbooster.runtime.sampler`), device-side transforms (:mod:`dlbooster.runtime.transforms`) and
+the PyTorch loader :class:`Loader` (:mod:`dlbooster.runtime.loader`). PyTorch is imported only
 when a loader is built.
 """
 
 from importlib import metadata as _metadata
 
-from .backends import BACKENDS, DecodeResult, decode, decode_result, decode_results, get_backend
-from .errors import DecodeError, DlboosterError, FallbackError, Malformed, Unsupported
-from .loader import Batch, Loader
+from dlbooster.backends import BACKENDS, DecodeResult, decode, decode_result, decode_results, get_backend
+from dlbooster.errors import DecodeError, DlboosterError, FallbackError, Malformed, Unsupported
+from dlbooster.runtime.loader import Batch, Loader
 
 try:
     __version__ = _metadata.version("dlbooster")

@@ -28,9 +28,9 @@ from typing import Any
 
 import numpy as np
 
-from . import jpeg
-from . import model as reference
-from .errors import DecodeError, FallbackError, Unsupported
+from dlbooster import jpeg
+from dlbooster.jpeg import model as reference
+from dlbooster.errors import DecodeError, FallbackError, Unsupported
 
 __all__ = [
     "BACKENDS",
@@ -173,7 +173,7 @@ _BYTESIO_REPR = re.compile(r" ?<_io\.BytesIO object at 0x[0-9a-fA-F]+>")
 
 
 class ModelBackend:
-    """The reference model of the decoder lane (:mod:`dlbooster.model`).
+    """The reference model of the decoder lane (:mod:`dlbooster.jpeg.model`).
 
     Args:
         max_width: line-buffer width of the modelled lane, in pixels.
@@ -207,7 +207,7 @@ class ModelBackend:
 
 
 class DeviceBackend:
-    """A backend over decoder devices (:class:`dlbooster.device.DecoderDevice`): the
+    """A backend over decoder devices (:class:`dlbooster.device.driver.DecoderDevice`): the
     simulated device and the boards share this, differing only in how the devices are
     made. ``self.devices`` (started), ``self.device`` (the first) and ``self.max_width``
     are set by subclasses.
@@ -217,7 +217,7 @@ class DeviceBackend:
     every other input runs on the device, and a non-zero job status declines the input
     with the hardware's reason (:func:`dlbooster.hw.regs.device_reason`), so the
     gateware's own header checks are exercised. The runtime's decode service
-    (:mod:`dlbooster.service`) pre-screens with the whole header classification instead.
+    (:mod:`dlbooster.runtime.service`) pre-screens with the whole header classification instead.
     """
 
     name = "device"
@@ -242,10 +242,10 @@ class DeviceBackend:
     def decode_many(self, datas: list[bytes], infos: list[jpeg.JpegInfo]) -> list[tuple[Any, dict]]:
         """Decode many files, all lanes busy. Returns per input ``(image or FallbackError,
         extra)``; ``extra`` holds the device's ``cycles``, ``symbols`` and ``lane`` for
-        inputs that ran on it. A device fault (:class:`~dlbooster.device.DeviceError`;
+        inputs that ran on it. A device fault (:class:`~dlbooster.device.driver.DeviceError`;
         the driver has reset the device) declines every input of the call that ran on it
         with reason ``device-fault``, for the CPU path."""
-        from .device import DeviceError
+        from dlbooster.device.driver import DeviceError
 
         results: list[tuple[Any, dict] | None] = [None] * len(datas)
         jobs = []
@@ -282,13 +282,13 @@ class DeviceBackend:
 
 class SimBackend(DeviceBackend):
     """The simulated decoder device (:mod:`dlbooster.sim.device`), driven by the same
-    driver as a board (:class:`dlbooster.device.DecoderDevice`).
+    driver as a board (:class:`dlbooster.device.driver.DecoderDevice`).
 
     Args:
         lanes: decoder lanes of each simulated device.
         max_width: its line-buffer width, pixels.
         devices: simulated devices (each its own simulation and memory; the runtime's
-            :class:`~dlbooster.service.DecodeService` drives them all at once,
+            :class:`~dlbooster.runtime.service.DecodeService` drives them all at once,
             :meth:`decode_many` uses the first).
 
     The first use builds the device (minutes; cached).
@@ -297,8 +297,8 @@ class SimBackend(DeviceBackend):
     name = "sim"
 
     def __init__(self, lanes: int = 1, max_width: int = jpeg.DEFAULT_MAX_WIDTH, devices: int = 1):
-        from .device import DecoderDevice
-        from .sim.device import SimTransport
+        from dlbooster.device.driver import DecoderDevice
+        from dlbooster.sim.device import SimTransport
 
         if devices < 1:
             raise ValueError(f"devices must be at least 1, not {devices}")
@@ -315,7 +315,7 @@ class SimBackend(DeviceBackend):
         self.devices.clear()
 
 class BoardBackend(DeviceBackend):
-    """A decoder board (:mod:`dlbooster.boards`): PYNQ (Zynq) or Alveo (XRT).
+    """A decoder board (:mod:`dlbooster.device.boards`): PYNQ (Zynq) or Alveo (XRT).
 
     Args:
         board: a ``dlbooster build --board`` name (``pynq-z2``, ``zcu104``, ``alveo-u50``,
@@ -323,12 +323,12 @@ class BoardBackend(DeviceBackend):
         binary: the ``.bit`` (with its ``.hwh`` beside it) or ``.xclbin`` to load.
 
     Raises:
-        dlbooster.boards.BoardError: as :func:`dlbooster.boards.open_board`: a binary
+        dlbooster.device.boards.BoardError: as :func:`dlbooster.device.boards.open_board`: a binary
             that is not the board's, no driver library, no board, or no decoder in it.
     """
 
     def __init__(self, board: str, binary: str):
-        from .boards import open_board
+        from dlbooster.device.boards import open_board
 
         device = open_board(board, binary)
         self.name = device.transport.name
@@ -376,7 +376,7 @@ def get_backend(name: str = "auto", **options: Any):
             _logged_auto.append(True)
         return CpuBackend()
     if name in ("pynq", "xrt"):
-        from .hw.boards import BOARDS
+        from dlbooster.hw.build.boards import BOARDS
 
         board = options.get("board") or os.environ.get("DLBOOSTER_BOARD")
         binary = options.get("binary") or os.environ.get("DLBOOSTER_BINARY")
@@ -491,7 +491,7 @@ def read_file(path: str, into: Callable[[int], np.ndarray | None] | None = None
     Regular files only: ``/dev/zero`` would fill memory, a FIFO would block (and opening
     one would release its writer); ``O_NONBLOCK`` covers a swap after the check. Raw
     descriptor calls: six system calls per file where ``stat`` and a buffered ``open()``
-    make eleven (the runtime reads every input through here; issue 7).
+    make eleven (the runtime reads every input through here).
 
     Args:
         path: the file.

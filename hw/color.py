@@ -44,7 +44,7 @@ def rgb_pixels(pixels: int) -> data.StructLayout:
 
 
 class ColorConverter(wiring.Component):
-    """YCbCr to RGB, ``pixels`` per clock, bit-exact with :func:`dlbooster.model.ycbcr_to_rgb`.
+    """YCbCr to RGB, ``pixels`` per clock, bit-exact with :func:`dlbooster.jpeg.model.ycbcr_to_rgb`.
 
     Pipeline: products (registered), rounding shifts (registered), Y added and clamped
     (registered output); :data:`LATENCY` clocks; the whole pipeline holds while the output

@@ -48,7 +48,7 @@ class Device(wiring.Component):
         done_depth: completion FIFO entries.
         watchdog: the watchdog register's value after reset, clocks.
         idct_lanes: each IDCT's rows per clock. 2, the default, costs 0.4 % more clocks
-            than 4 on the ImageNet sample photos (docs/benchmarks.md, issue 5) for about
+            than 4 on the ImageNet sample photos (docs/benchmarks.md) for about
             half the IDCT's LUTs and multipliers: a lane then fits the PYNQ-Z2's xc7z020
             (``dlbooster synth``).
         clock_gating: clock-gate each lane's idle blocks (:class:`dlbooster.hw.gating.ClockGate`),

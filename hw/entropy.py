@@ -1,7 +1,7 @@
 """Entropy (Huffman) decoder core: about one symbol per clock.
 
 Decodes the entropy-coded segment of one interleaved baseline scan (T.81 F.2.2) into
-quantised coefficient blocks, bit-exact with :func:`dlbooster.model.entropy_decode`
+quantised coefficient blocks, bit-exact with :func:`dlbooster.jpeg.model.entropy_decode`
 (which follows libjpeg-turbo ``jdhuff.c``).
 
 Sub-blocks, each a component of its own:
@@ -56,7 +56,7 @@ _ZIGZAG = (0, 1, 8, 16, 9, 2, 3, 10, 17, 24, 32, 25, 18, 11, 4, 5,
 
 
 class Status(enum.IntEnum):
-    """Completion status (the same numbers as ``dlbooster.model``'s entropy stage)."""
+    """Completion status (the same numbers as ``dlbooster.jpeg.model``'s entropy stage)."""
 
     OK = 0
     BAD_CODE = 1           # no code matches within 16 bits
@@ -74,7 +74,7 @@ class Status(enum.IntEnum):
 
     @property
     def reason(self) -> str | None:
-        """The reason string of :data:`dlbooster.model.STATUS_REASONS` (``after-scan``
+        """The reason string of :data:`dlbooster.jpeg.model.STATUS_REASONS` (``after-scan``
         as :func:`dlbooster.jpeg.classify` spells it); None for OK."""
         return _REASONS.get(self)
 

@@ -22,7 +22,7 @@ from amaranth.lib import data, stream, wiring
 from amaranth.lib.memory import Memory
 from amaranth.lib.wiring import In, Out
 
-from ..jpeg import ZIGZAG
+from .t81 import ZIGZAG
 from .entropy import InputBeat, ScanConfig, TableWrite
 from .idct import QuantWrite
 

@@ -12,7 +12,7 @@ from amaranth.lib import data, stream, wiring
 from amaranth.lib.memory import Memory
 from amaranth.lib.wiring import In, Out
 
-from ..jpeg import ZIGZAG
+from .t81 import ZIGZAG
 from .entropy import CoefBeat
 
 __all__ = ["BlockRow", "Idct", "IdctPass", "LATENCY", "QuantWrite", "TransposeBuffer",
@@ -337,7 +337,7 @@ def block_rows(lanes: int = 1) -> data.StructLayout:
     ``samples[8 * q + c]`` is column c of row ``row + q``. ``last`` marks the block's
     final beat. ``range_fault`` on that beat is set when some intermediate value of the
     block left the range where libjpeg-turbo's C and x86 SIMD IDCTs agree (see
-    :func:`dlbooster.model.idct_islow`; the block's samples are then unspecified): the
+    :func:`dlbooster.jpeg.model.idct_islow`; the block's samples are then unspecified): the
     lane must hand the image to the CPU.
     """
     return data.StructLayout({
@@ -379,7 +379,7 @@ def _descaled_within(x, shift: int, low: int, high: int, mod: int | None = None)
 class Idct(wiring.Component):
     """Dequantiser and 8x8 ISLOW IDCT: coefficient beats in, rows of samples out.
 
-    Raises ``range_fault`` exactly where :func:`dlbooster.model.idct_islow` (SPEC.md
+    Raises ``range_fault`` exactly where :func:`dlbooster.jpeg.model.idct_islow` (SPEC.md
     3.1, libjpeg-turbo ``jidctint.c``) finds the block out of range (``in_range``
     False: some value leaves the range where libjpeg-turbo's C and SIMD IDCTs agree),
     and is bit-exact with it on every other block. An out-of-range block's samples are

@@ -42,7 +42,7 @@ STATUS_IDCT_RANGE = 0x30
 def status_reason(status: int) -> str | None:
     """Name a lane status as the host does: the reason code of
     :func:`dlbooster.jpeg.classify` (header stops, ``after-scan``) or of
-    :data:`dlbooster.model.STATUS_REASONS` (entropy faults), ``idct-range`` for 0x30;
+    :data:`dlbooster.jpeg.model.STATUS_REASONS` (entropy faults), ``idct-range`` for 0x30;
     None for 0.
 
     Raises:

@@ -1,5 +1,5 @@
 """The decoder device's register map and job statuses: the contract between the gateware
-(:mod:`dlbooster.hw.device`) and the host driver (:mod:`dlbooster.device`).
+(:mod:`dlbooster.hw.device`) and the host driver (:mod:`dlbooster.device.driver`).
 
 Plain Python (no Amaranth), so board drivers import it cheaply.
 

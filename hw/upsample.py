@@ -42,7 +42,7 @@ def row_out(pixels: int) -> data.StructLayout:
 
 class RowUpsampler(wiring.Component):
     """Fancy upsampling of row pieces, ``pixels`` input samples per clock, bit-exact with
-    :func:`dlbooster.model.upsample` row by row.
+    :func:`dlbooster.jpeg.model.upsample` row by row.
 
     A beat is held until the next beat of its row arrives (its right neighbour); a row's
     last beat goes out without waiting. One beat per clock in steady state, full

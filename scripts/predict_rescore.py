@@ -19,7 +19,7 @@ import statistics
 import sys
 from pathlib import Path
 
-from dlbooster.predict import Profile, predict, workload
+from dlbooster.predict.planner import Profile, predict, workload
 
 
 def rescore(validation: dict, p1: Profile, p2: Profile) -> dict:

@@ -2,7 +2,7 @@
 loaded into Python, with host memory modelled on its AXI4 master.
 
 :class:`SimTransport` is the simulation's transport for the host driver
-(:class:`dlbooster.device.DecoderDevice`): register reads and writes become AXI4-Lite
+(:class:`dlbooster.device.driver.DecoderDevice`): register reads and writes become AXI4-Lite
 transactions, buffers live in the modelled memory, and waiting for an interrupt runs
 device clocks. All clocks run in C++ (``sim/cpp/device_lib.cpp``); Python only calls in
 per register access and per wait.
@@ -19,11 +19,9 @@ from __future__ import annotations
 import ctypes
 import hashlib
 import importlib.metadata
-import importlib.util
 import json
 import logging
 import os
-import re
 import subprocess
 import sys
 import time
@@ -48,25 +46,14 @@ PAGE = 4096
 _FLAGS = ["-CFLAGS", "-O2 -fPIC", "-LDFLAGS", "-shared"]    # after VERILATOR_FLAGS: a shared library
 
 
-#: ``from ..NAME import`` in a gateware source: a runtime module the design depends on.
-_RUNTIME_IMPORT = re.compile(r"^\s*from \.\.(\w+(?:\.\w+)*) import", re.M)
-
 
 def _gateware_sources() -> list[Path]:
-    """The gateware's Python sources (``dlbooster.hw``) and the runtime modules they
-    import (``dlbooster.jpeg``'s zigzag order, for one)."""
+    """The gateware's Python sources: ``dlbooster.hw``'s modules, which import nothing
+    from outside it (its board-build tooling, ``hw/build/``, elaborates nothing of the
+    device)."""
     import dlbooster.hw as hw
 
-    paths = sorted(Path(hw.__file__).parent.glob("*.py"))
-    found = set()
-    for path in paths:
-        found.update(_RUNTIME_IMPORT.findall(path.read_text()))
-    extra = []
-    for name in sorted(found):
-        spec = importlib.util.find_spec(f"dlbooster.{name}")
-        if spec is not None and spec.origin and spec.origin.endswith(".py"):
-            extra.append(Path(spec.origin))
-    return paths + extra
+    return sorted(Path(hw.__file__).parent.glob("*.py"))
 
 
 def _yosys_version() -> str:

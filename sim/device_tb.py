@@ -1,8 +1,8 @@
 """cocotb testbench of the decoder device top (``dlbooster.hw.device.Device``) on its AXI ports.
 
-Run through :func:`dlbooster.sim.flow.run_cocotb` (``tests/test_device_cocotb.py`` does) on
+Run through :func:`dlbooster.sim.flow.run_cocotb` (``tests/sim/test_device_cocotb.py`` does) on
 a 2-lane build (toplevel ``dlbooster_decoder``). The host side mirrors the driver
-:class:`dlbooster.device.DecoderDevice` with cocotbext-axi's ``AxiLiteMaster`` on
+:class:`dlbooster.device.driver.DecoderDevice` with cocotbext-axi's ``AxiLiteMaster`` on
 ``s_axi_control``; host memory is cocotbext-axi's ``AxiRam`` (sparse, 64-bit addresses)
 on ``m_axi_gmem``; both follow ``ap_rst_n``. Parameters come from the environment:
 
@@ -68,7 +68,7 @@ from cocotb.utils import get_sim_time
 from cocotbext.axi import AxiBus, AxiLiteBus, AxiLiteMaster, AxiRam, AxiResp
 from PIL import Image
 
-from dlbooster.device import Completion
+from dlbooster.device.driver import Completion
 from dlbooster.hw.regs import MAGIC, Ctrl, DeviceStatus, Irq, Reg
 
 #: Bytes per bus word of the tested build (128-bit data).
@@ -349,7 +349,7 @@ class Testbench:
         assert not self.monitor.violations, "AXI rule violations:\n" + "\n".join(self.monitor.violations)
         assert not self.monitor._w_early, f"{len(self.monitor._w_early)} W beats never got their AW"
 
-    # Registers (as dlbooster.device.DecoderDevice programs them) ----------------------
+    # Registers (as dlbooster.device.driver.DecoderDevice programs them) ----------------------
 
     async def read(self, reg: int) -> int:
         resp = await self.axil.read(reg, 4)

@@ -26,7 +26,9 @@ import numpy as np
 from cocotb.clock import Clock
 from cocotb.triggers import ReadOnly, RisingEdge
 
-from dlbooster import jpeg, model
+from dlbooster import jpeg
+
+from dlbooster.jpeg import model
 from dlbooster.errors import Malformed
 from dlbooster.hw.entropy import CoefBeat, InputBeat, ScanConfig, TableWrite, scan_program
 

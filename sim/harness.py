@@ -400,7 +400,8 @@ class ChainHarness(_Process):
             ready_percent: probability (%) that an output row is taken in a clock.
             seed: seed of that pattern.
         """
-        from dlbooster import jpeg, model
+        from dlbooster import jpeg
+        from dlbooster.jpeg import model
         from dlbooster.hw.idct import QuantWrite, quant_writes
 
         info = info or jpeg.parse(data)

@@ -1,6 +1,6 @@
 """cocotb testbench of the IDCT core (``dlbooster.hw.idct.Idct``).
 
-Run through :func:`dlbooster.sim.flow.run_cocotb` (``tests/test_idct_cocotb.py`` does).
+Run through :func:`dlbooster.sim.flow.run_cocotb` (``tests/sim/test_idct_rtl.py`` does).
 Parameters come from the environment:
 
 - ``DLB_JOB``: an ``.npz`` with ``blocks`` (int16 (N, 64), natural order), ``comps``
@@ -11,7 +11,7 @@ Parameters come from the environment:
 
 The core must give, for every block in input order, 8 rows (row 0..7, ``last`` on row 7)
 tagged with the block's component and position, with ``range_fault`` exactly where
-:func:`dlbooster.model.idct_islow` with the component's table finds the block out of
+:func:`dlbooster.jpeg.model.idct_islow` with the component's table finds the block out of
 range (``in_range`` False) and samples equal to the model's on every other block; no
 output bit may be X/Z; and it must
 finish within ``(beats + 16 * blocks + 256) * 200 / min(valid, ready)`` clocks.
@@ -27,7 +27,7 @@ import numpy as np
 from cocotb.clock import Clock
 from cocotb.triggers import ReadOnly, RisingEdge
 
-from dlbooster import model
+from dlbooster.jpeg import model
 from dlbooster.hw.entropy import CoefBeat
 from dlbooster.hw.idct import BlockRow, QuantWrite, block_beats, quant_writes
 from dlbooster.sim.harness import pack

@@ -1,6 +1,6 @@
 """cocotb testbench of the whole decoder lane (``dlbooster.hw.lane.Lane``, ``probes=True``).
 
-Run through :func:`dlbooster.sim.flow.run_cocotb` (``tests/test_lane_rtl.py`` and
+Run through :func:`dlbooster.sim.flow.run_cocotb` (``tests/sim/test_lane_rtl.py`` and
 :func:`dlbooster.sim.lane_debug.debug_lane` do). Parameters come from the environment:
 
 - ``DLB_JOB``: a JSON list of ``{"path", "valid_percent", "ready_percent", "seed"}``:

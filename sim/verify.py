@@ -1,7 +1,7 @@
 """What the decoder lane must do with a file, and whether it did.
 
 The expectation comes from the host: :func:`dlbooster.jpeg.classify` (the hardware
-profile, SPEC.md section 2), the reference model (:func:`dlbooster.model.decode`, for
+profile, SPEC.md section 2), the reference model (:func:`dlbooster.jpeg.model.decode`, for
 the entropy-data faults and the IDCT range) and Pillow (the pixels).
 
 ============  ===========================================  ===============================
@@ -97,7 +97,8 @@ class Verdict:
 def expectation(data: bytes, max_width: int) -> tuple[str, str | None, np.ndarray | None, object]:
     """``(expect, reason, pillow_rgb or None, info)`` for one file (module doc; ``info``
     is :func:`dlbooster.jpeg.parse`'s result)."""
-    from dlbooster import jpeg, model
+    from dlbooster import jpeg
+    from dlbooster.jpeg import model
     from dlbooster.backends import decode_pillow
     from dlbooster.errors import DecodeError, Malformed
 
@@ -188,7 +189,8 @@ def stage_differences(data: bytes, coef_beats: list[int], row_beats: list[int],
         order, naming the first differing block or pixel; empty when every stage agrees
         or the model does not decode the file (nothing to compare).
     """
-    from dlbooster import jpeg, model
+    from dlbooster import jpeg
+    from dlbooster.jpeg import model
     from dlbooster.errors import FallbackError
     from dlbooster.hw.color import ycbcr_pixels
     from dlbooster.hw.entropy import CoefBeat

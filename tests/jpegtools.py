@@ -280,7 +280,7 @@ def find_rst(data: bytes, start: int, end: int) -> list[int]:
 
 
 # ---------------------------------------------------------------------------------
-# Entropy encoder (independent of dlbooster.model)
+# Entropy encoder (independent of dlbooster.jpeg.model)
 
 #: Zigzag index k -> natural (row-major) position, written out from T.81 Figure A.6.
 ZIGZAG_TO_NATURAL = [
@@ -500,7 +500,7 @@ def rescan(data: bytes, info, coefficients, groups, restart_interval: int = 0) -
 
     Args:
         data, info: the original file and its parse.
-        coefficients: per-component MCU-padded grids (as dlbooster.model decodes them).
+        coefficients: per-component MCU-padded grids (as dlbooster.jpeg.model decodes them).
         groups: component indices per scan, e.g. [[0], [1], [2]] (non-interleaved) or
             [[0, 1], [2]]. A one-component scan codes just that component's blocks
             (T.81 A.2.2); a multi-component scan is interleaved over the frame's MCUs.

@@ -1,7 +1,7 @@
 """Independent, deliberately plain implementations of SPEC.md section 3.
 
 Written from the text of the spec (and libjpeg-turbo's C where the spec is silent), not
-from dlbooster.model, so that the model's stages can be checked against them.
+from dlbooster.jpeg.model, so that the model's stages can be checked against them.
 """
 
 from __future__ import annotations
