@@ -480,7 +480,7 @@ def test_bench_options_are_checked_when_parsed():
 def test_bench_default_inputs_are_the_corpus_photographs(tmp_path, monkeypatch):
     """Without PATH a benchmark reads the corpus's ImageNet sample photographs, not the
     ``_provenance.tsv`` listed beside them (it was timed as a failing input)."""
-    from dlbooster.bench.decoder import _inputs
+    from dlbooster.cli.bench import _inputs
 
     photos = tmp_path / "corpus" / "imagenet-sample-images"
     photos.mkdir(parents=True)
@@ -563,7 +563,7 @@ def test_bench_host_alternates_the_instrument_and_judges_the_control(tmp_path, c
 
 def test_an_interrupted_png_write_leaves_no_file(tmp_path, monkeypatch):
     """decode --out: Ctrl-C or SIGTERM mid-write left a truncated PNG under its final name."""
-    from dlbooster import cli
+    from dlbooster.support.files import save_png
 
     real_save = Image.Image.save
 
@@ -573,15 +573,15 @@ def test_an_interrupted_png_write_leaves_no_file(tmp_path, monkeypatch):
     image, target = np.zeros((4, 6, 3), np.uint8), tmp_path / "out" / "a.png"
     monkeypatch.setattr(Image.Image, "save", interrupted)
     with pytest.raises(KeyboardInterrupt):
-        cli._save_png(image, target)
+        save_png(image, target)
     assert list(target.parent.iterdir()) == []
     monkeypatch.undo()
-    cli._save_png(image, target)
+    save_png(image, target)
     assert list(target.parent.iterdir()) == [target] and Image.open(target).size == (6, 4)
     # A name at the file-name limit (255 bytes) is written too: the partial file's own
     # name is short.
     long = tmp_path / "out" / ("x" * 251 + ".png")
-    cli._save_png(image, long)
+    save_png(image, long)
     assert Image.open(long).size == (6, 4) and len(list(target.parent.iterdir())) == 2
 
 
