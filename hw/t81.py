@@ -1,15 +1,22 @@
 """ITU-T T.81 (JPEG) constants shared by the gateware and the host: marker codes, the
-zigzag order of coefficients."""
+zigzag order of coefficients.
+
+:class:`Marker` is a standard :class:`enum.IntEnum`: Amaranth takes its members as
+8-bit constants and the class as a shape (``Signal(Marker)``, ``m.Case(Marker.SOS)``),
+and the host's parser imports this module without importing Amaranth (about 0.4 s of
+start-up for every command and ``import dlbooster``).
+"""
 
 from __future__ import annotations
 
+import enum
+
 import numpy as np
-from amaranth.lib import enum
 
 __all__ = ["Marker", "ZIGZAG"]
 
 
-class Marker(enum.Enum, shape=8):
+class Marker(enum.IntEnum):
     """The code byte that follows ``0xFF`` in a marker (T.81 Table B.1)."""
     TEM = 0x01
     SOF0 = 0xC0     # baseline sequential DCT, Huffman

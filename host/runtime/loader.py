@@ -31,7 +31,7 @@ import numpy as np
 from dlbooster.errors import DecodeError
 from dlbooster.runtime.pool import BatchPool
 from dlbooster.runtime.sampler import ShardSampler
-from dlbooster.runtime.service import DecodeService, Outcome, Task, _BatchDone, check_count
+from dlbooster.runtime.service import DecodeService, Outcome, Task, BatchDone, check_count
 from dlbooster.runtime.sources import Sample, as_samples
 
 __all__ = ["Batch", "EpochReport", "Loader", "LoaderStats"]
@@ -137,7 +137,7 @@ def _own_memory(images, regions: list[np.ndarray]):
     return own(images)
 
 
-class _Pending(_BatchDone):
+class _Pending(BatchDone):
     """A batch being filled: outcomes arrive from service threads. It is its tasks'
     ``done``: called with each outcome, or with :meth:`ok_many` for tasks the device
     decoded, whose outcomes stay None (``ok``; the service makes none)."""

@@ -25,7 +25,7 @@ Every task ends in exactly one call of its ``done(task, outcome)`` with an
 :class:`Outcome`: ``ok`` (the requested backend decoded it), ``fallback`` (the CPU path
 did, with the reason) or ``error`` (nothing can decode it; Pillow fails too), with the
 input's path. Bad input never raises out of the service. (The Loader's batches, whose
-``done`` is a :class:`_BatchDone`, take the tasks a device decoded into their slots
+``done`` is a :class:`BatchDone`, take the tasks a device decoded into their slots
 with one ``ok_many(tasks)`` call per group of completions instead: the same end, ``ok``,
 without an object and a call per image.)
 """
@@ -92,7 +92,7 @@ class Outcome:
 class Task:
     """One input to decode into slot ``slot`` of ``buffer``; ``done(task, outcome)`` is
     called exactly once, from a service thread (or, for a ``done`` that is a
-    :class:`_BatchDone`, ``done.ok_many`` with it among its tasks). ``read``, when
+    :class:`BatchDone`, ``done.ok_many`` with it among its tasks). ``read``, when
     given, returns the input's bytes instead of reading the file ``path`` (which then
     only names the input, e.g. an image of a record file, :mod:`dlbooster.records.pcr`)."""
 
@@ -104,7 +104,7 @@ class Task:
     read: Callable[[], bytes] | None = None
 
 
-class _BatchDone(abc.ABC):
+class BatchDone(abc.ABC):
     """Base of a ``done`` callable shared by many tasks (the Loader's batches) that also
     takes the tasks a device decoded into their slots in one call, :meth:`ok_many`,
     instead of one ``done(task, outcome)`` call per task: their outcome is ``ok`` with
@@ -495,7 +495,7 @@ class _Dispatcher(threading.Thread):
         The common completion (decoded into its batch slot, figures consistent, no
         trace) is handled inline; every other goes through :meth:`_complete`."""
         finished: list[tuple[Task, Outcome]] = []
-        groups: list[tuple[_BatchDone, list[Task]]] = []   # decoded tasks whose done takes them at once
+        groups: list[tuple[BatchDone, list[Task]]] = []   # decoded tasks whose done takes them at once
         last, group = None, None              # the last task's done, and its group (None: no ok_many)
         clocks: dict[int, int] = {}           # lane -> clocks; a plain dict: Counter.update costs more per call
         service = self.service
@@ -525,7 +525,7 @@ class _Dispatcher(threading.Thread):
                 callback = task.done
                 if callback is not last:      # a batch's tasks share theirs
                     last = callback
-                    group = [] if isinstance(callback, _BatchDone) else None
+                    group = [] if isinstance(callback, BatchDone) else None
                     if group is not None:
                         groups.append((callback, group))
                 if group is not None:
@@ -970,11 +970,11 @@ class DecodeService:
         self._finish_many([(task, outcome)])
 
     def _finish_many(self, finished: list[tuple[Task, Outcome]], all_ok: bool = False,
-                     groups: list[tuple[_BatchDone, list[Task]]] = ()) -> None:
+                     groups: list[tuple[BatchDone, list[Task]]] = ()) -> None:
         """Count the outcomes and call each task's ``done`` exactly once (``all_ok``: the
         caller knows every outcome is ``ok``, counted in one step); ``groups``: tasks
         decoded by the requested backend (``ok``), each group's done called once with
-        :meth:`_BatchDone.ok_many`."""
+        :meth:`BatchDone.ok_many`."""
         ended = len(finished)
         for _, tasks in groups:
             ended += len(tasks)
