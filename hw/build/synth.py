@@ -313,15 +313,20 @@ PARTS = {
     "alveo-u250": Part("xcu250", "xcup", 1_728_000, 3_456_000, 2_688, 12_288, 1_280),
 }
 
-#: Mean per ImageNet sample photo of the corpus (350 files): decoder-lane clocks from the
-#: first byte to the last pixel, pixels, and JPEG bytes (docs/benchmarks.md:
-#: ``dlbooster bench lane``, 54,979,787 clocks and 70,944,341 pixels).
-IMAGENET_CLOCKS = 157_085
-IMAGENET_PIXELS = 202_698
-IMAGENET_FILE_BYTES = 108_702
+#: The measured figures the projection rests on, with the command and the results file
+#: (docs/results/) each was taken from: ``hw/build/measured.json``, one file, so that a
+#: benchmark rerun changes them in one place.
+MEASURED = json.loads((Path(__file__).parent / "measured.json").read_text())
 
-#: NVIDIA DALI on an A100, ImageNet images/s (SPEC.md section 7).
-DALI_A100 = (5_000, 7_000)
+_LANE = MEASURED["imagenet_lane"]
+#: Mean per ImageNet sample photo of the corpus: decoder-lane clocks from the first byte
+#: to the last pixel, pixels, and JPEG bytes (``dlbooster bench lane``).
+IMAGENET_CLOCKS = round(_LANE["clocks"] / _LANE["files"])
+IMAGENET_PIXELS = round(_LANE["pixels"] / _LANE["files"])
+IMAGENET_FILE_BYTES = round(_LANE["file_bytes"] / _LANE["files"])
+
+#: NVIDIA DALI on an A100, ImageNet images/s (low, high; SPEC.md section 7).
+DALI_A100 = tuple(MEASURED["dali_a100"]["images_per_s"])
 
 #: Share of each resource a design may use: the rest is left for the shell or PS
 #: interconnect and for routing (the issue's 40 % lane budget leaves two lanes 80 %).
@@ -329,10 +334,10 @@ USABLE = 0.8
 
 
 #: One device lane at 2048-pixel line buffers, ``synth_xilinx`` for the xc7 family, the IDCT
-#: at 2 rows per clock as the board builds use it (docs/benchmarks.md: 17,413
-#: LUTs, 85 DSP, 72.5 BRAM36). Block RAM grows with the width, about 36 BRAM36 per 1,024
-#: pixels (the line buffers: 3 bands of luma and chroma rows); the rest does not.
-LANE_AT_2048 = {"lut": 17_413, "dsp": 85, "bram36": 72.5}
+#: at 2 rows per clock as the board builds use it: LUTs, DSP slices, BRAM36. Block RAM
+#: grows with the width, about 36 BRAM36 per 1,024 pixels (the line buffers: 3 bands of
+#: luma and chroma rows); the rest does not.
+LANE_AT_2048 = {key: MEASURED["lane_at_2048"][key] for key in ("lut", "dsp", "bram36")}
 
 
 def lane_estimate(max_width: int) -> dict:

