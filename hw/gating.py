@@ -24,7 +24,7 @@ run in ``sync`` unchanged.
 
 In Verilog (Verilator, Icarus) the gated clock rises with ``sync``. The simulated
 device's build replaces each gate by a port pair whose clock its harness toggles
-(:func:`dlbooster.sim.flow.one_evaluation_per_clock`), which is the same gate when the
+(:func:`dlbooster.sim.netlist.one_evaluation_per_clock`), which is the same gate when the
 enable depends on registers only. In Amaranth's own
 simulator it rises one delta cycle later, so a gated register that reads a ``sync``
 register directly sees that register's new value; a combinational assignment between
@@ -60,7 +60,7 @@ class ClockGate:
             open_: the gate's enable, 1 bit: high in every clock in which a register of the
                 block may change (the clock's rising edge then reaches the block). A
                 function of the design's registers only, never of a top-level input: the
-                simulated device's build (:func:`dlbooster.sim.flow.one_evaluation_per_clock`)
+                simulated device's build (:func:`dlbooster.sim.netlist.one_evaluation_per_clock`)
                 turns the enable into an output that its harness reads before it applies a
                 clock's inputs.
             reset: the domain's synchronous reset, 1 bit; the gate is open while it is high.

@@ -30,17 +30,16 @@ from pathlib import Path
 
 import numpy as np
 
-from .flow import (SPEED_CONFIG, VERILATOR_FLAGS, build_environment_key, build_verilated, cache_root,
-                   export_flat_verilog, make_folder, one_evaluation_per_clock, product_ok,
-                   profile_guided_available, toolchain_env, verilator_version)
-from .sink import sink_into_enables
+from . import netlist
+from .flow import (SPEED_CONFIG, VERILATOR_FLAGS, build_environment_key, build_verilated, cache_root, make_folder,
+                   product_ok, profile_guided_available, toolchain_env, verilator_version)
+from .netlist import export_flat_verilog, one_evaluation_per_clock, rewrite_or_keep, sink_into_enables
 
-__all__ = ["SimTransport", "SimBuffer", "build_device_library", "PortBehaviour"]
+__all__ = ["SimTransport", "SimBuffer", "build_device_library", "device_verilog", "PortBehaviour"]
 
 log = logging.getLogger(__name__)
 _CPP = Path(__file__).parent / "cpp" / "device_lib.cpp"
 _PGO = Path(__file__).parent / "pgo.py"      # the profile-guided build's training run
-_SINK = Path(__file__).parent / "sink.py"    # rewrites the Verilog the build compiles
 TOP = "dlbooster_decoder"
 PAGE = 4096
 _FLAGS = ["-CFLAGS", "-O2 -fPIC", "-LDFLAGS", "-shared"]    # after VERILATOR_FLAGS: a shared library
@@ -69,8 +68,9 @@ def _yosys_version() -> str:
 def source_key(params: dict, files: list[Path], flags: list[str]) -> str:
     """Hash of everything a Verilator build of the gateware depends on, known without
     elaborating it: the gateware sources and the runtime modules they import, the
-    parameters, Amaranth's and Yosys's versions, the flattening script and build helper
-    (sim/flow.py); ``files`` (the harness sources, and any gateware outside
+    parameters, Amaranth's and Yosys's versions, the flattening and the rewriting
+    (:data:`dlbooster.sim.netlist.SOURCES`) and the build helper (sim/flow.py); ``files``
+    (the harness sources, and any gateware outside
     ``dlbooster.hw``), ``flags``, the Verilator configuration, Verilator's version and the
     build environment. 20 hex digits."""
     import amaranth
@@ -83,6 +83,8 @@ def source_key(params: dict, files: list[Path], flags: list[str]) -> str:
     for path in files:
         digest.update(path.read_bytes())
     digest.update(SPEED_CONFIG.read_bytes())
+    for path in netlist.SOURCES:
+        digest.update(path.name.encode() + b"\0" + path.read_bytes())
     digest.update((Path(__file__).parent / "flow.py").read_bytes())
     return digest.hexdigest()[:20]
 
@@ -90,7 +92,7 @@ def source_key(params: dict, files: list[Path], flags: list[str]) -> str:
 def _source_key(params: dict) -> str:
     # This module too: how it elaborates the device (its Device arguments) is part of the
     # product, and an index entry must not outlive a change to it.
-    return source_key(params, [_CPP, _PGO, _SINK, Path(__file__)], _FLAGS)
+    return source_key(params, [_CPP, _PGO, Path(__file__)], _FLAGS)
 
 
 def indexed_build(root: Path, key: str, build) -> Path:
@@ -117,6 +119,27 @@ def indexed_build(root: Path, key: str, build) -> Path:
     return product
 
 
+def device_verilog(params: dict) -> tuple[str, int]:
+    """The Verilog of ``Device(**params)`` (:class:`dlbooster.hw.device.Device`) that the
+    device library compiles, and the number of its clock gates (the width of its
+    ``gate_open`` and ``gate_clk`` ports): flattened
+    (:func:`~dlbooster.sim.netlist.export_flat_verilog`), rewritten for one evaluation
+    per clock (:func:`~dlbooster.sim.netlist.one_evaluation_per_clock`), and with logic
+    moved under the enables that read it
+    (:func:`~dlbooster.sim.netlist.sink_into_enables`) unless that pass does not know the
+    Verilog's form, which one warning then says (the same behaviour, slower to simulate).
+
+    Raises:
+        dlbooster.sim.netlist.UnknownForm: ``one_evaluation_per_clock`` does not know
+            the Verilog's form: the harness simulates only its output.
+    """
+    from dlbooster.hw.device import Device
+
+    verilog, gates = one_evaluation_per_clock(export_flat_verilog(Device(**params), TOP), "ap_clk")
+    verilog, _ = rewrite_or_keep(sink_into_enables, verilog)
+    return verilog, gates
+
+
 def build_device_library(lanes: int = 1, max_width: int = 8192, data_width: int = 128,
                          job_depth: int = 16, done_depth: int = 16, clock_gating: bool = True) -> Path:
     """Build (or reuse) the simulated device's shared library; returns its path.
@@ -128,8 +151,7 @@ def build_device_library(lanes: int = 1, max_width: int = 8192, data_width: int 
     less work per clock (docs/benchmarks.md).
     Off, the boards' design itself is simulated. Either way the flattened Verilog is
     rewritten for Verilator, with the same behaviour clock for clock: one evaluation
-    per clock (:func:`~dlbooster.sim.flow.one_evaluation_per_clock`) and logic moved
-    under the enables that read it (:func:`~dlbooster.sim.sink.sink_into_enables`). A first
+    per clock and logic moved under the enables that read it (:func:`device_verilog`). A first
     build takes minutes (elaboration, Yosys flattening, Verilator, and a profile-guided
     C++ build with the toolchain of :func:`~dlbooster.sim.flow.toolchain`, clang where
     LLVM 16 or newer is installed, else GCC: an instrumented compile, a training run of
@@ -143,6 +165,9 @@ def build_device_library(lanes: int = 1, max_width: int = 8192, data_width: int 
         ValueError: ``DLBOOSTER_TOOLCHAIN`` is not valid, or asks for LLVM and none is
             found; ``DLBOOSTER_MARCH`` names a target the compiler does not take
             (:func:`~dlbooster.sim.flow.toolchain`).
+        dlbooster.sim.netlist.UnknownForm: the device's Verilog has a form that
+            :func:`~dlbooster.sim.netlist.one_evaluation_per_clock` was not written for
+            (:func:`device_verilog`).
     """
     toolchain_env()
     params = {"lanes": lanes, "max_width": max_width, "data_width": data_width,
@@ -156,15 +181,12 @@ def build_device_library(lanes: int = 1, max_width: int = 8192, data_width: int 
                        stdout=build_log, stderr=subprocess.STDOUT, pass_fds=pass_fds, env=env, timeout=600)
 
     def build() -> Path:
-        from dlbooster.hw.device import Device
-
         # A warning, so that it shows by default: minutes of silence look like a hang.
         log.warning("building the simulated decoder device (%d lane(s), %d-pixel line buffers): elaboration, "
                     "Yosys, Verilator and the C++ compiler take a few minutes, once; it is cached in %s",
                     lanes, max_width, root)
         start = time.monotonic()
-        verilog, gates = one_evaluation_per_clock(export_flat_verilog(Device(**params), TOP), "ap_clk")
-        verilog, _ = sink_into_enables(verilog)
+        verilog, gates = device_verilog(params)
         lib = build_verilated(verilog, TOP, _CPP, [*_FLAGS, "-CFLAGS", f"-DDLB_GATES={gates}"], folder=root,
                               name=TOP, output="libdlbdevice.so",
                               sources=[_CPP.read_text(), SPEED_CONFIG.read_text(), _PGO.read_text()],
@@ -372,7 +394,7 @@ class SimTransport:
         it (``early_reads`` in :meth:`counters`), and the clocks in which a second round of
         Verilator's scheduler regions would have found work (``unfinished``: the harness
         runs each region once per clock). Both are always 0 for a sound design (see
-        :func:`dlbooster.sim.flow.one_evaluation_per_clock`). Each clock then costs a
+        :func:`dlbooster.sim.netlist.one_evaluation_per_clock`). Each clock then costs a
         second evaluation."""
         self._lib.dlb_check_gates(self._h, int(on))
 

@@ -1,4 +1,7 @@
-"""Verilog export and cocotb runs on Verilator or Icarus, with a shared build cache.
+"""Verilog export and cocotb runs on Verilator or Icarus, with a shared build cache, and
+the Verilator builds of the C++ harnesses (:func:`build_verilated`). The flattened
+Verilog those harnesses compile, and its rewriting for speed, are
+:mod:`dlbooster.sim.netlist`'s.
 
 Simulator builds are cached under ``$DLBOOSTER_CACHE`` (default
 ``~/.cache/dlbooster``) in a folder named by the toplevel, the simulator and a hash of
@@ -31,8 +34,7 @@ from typing import IO
 log = logging.getLogger(__name__)
 
 __all__ = ["CacheError", "cache_path", "cache_root", "make_folder", "toolchain_env", "export_verilog",
-           "export_flat_verilog", "replicate_bit_runs", "one_evaluation_per_clock", "simulator_available",
-           "run_cocotb", "lint_verilog",
+           "simulator_available", "run_cocotb", "lint_verilog",
            "verilator_version", "build_verilated", "build_environment_key", "product_ok", "profile_guided_available",
            "PROFILE_GENERATE", "PROFILE_USE", "Toolchain", "toolchain", "takes_gcc_profiles", "LLVM_MIN"]
 
@@ -107,157 +109,6 @@ def export_verilog(component, name: str) -> str:
     from amaranth.back import verilog
 
     return verilog.convert(component, name=name, emit_src=False)
-
-
-def export_flat_verilog(component, name: str) -> str:
-    """Verilog of ``component`` as one flattened, optimised module ``name``, for the C++
-    Verilator harnesses: Amaranth's RTLIL through the Yosys that Amaranth bundles
-    (``proc; flatten; opt -full; pmux2shiftx; opt -full; opt_clean; memory_collect``),
-    with runs of copies of one bit written as replications (:func:`replicate_bit_runs`).
-    Verilator then simulates the lane about 2.3 times faster than from
-    :func:`export_verilog` (same outputs and clock counts; docs/benchmarks.md) and builds
-    it in half the time. No ``wreduce``: the bits it narrows away are driven from the same
-    wire's other bits, and Verilator schedules such a wire with a change trigger of its
-    own (2 % more instructions per clock with it). The top-level ports keep their names."""
-    from amaranth._toolchain.yosys import find_yosys
-    from amaranth.back import rtlil
-
-    text = rtlil.convert(component, name=name, emit_src=False)
-    # The version bound is the one amaranth.back.verilog asks for.
-    yosys = find_yosys(lambda version: version >= (0, 40))
-    script = [f"read_rtlil <<rtlil\n{text}\nrtlil", "proc", "flatten", "opt -full", "pmux2shiftx",
-              "opt -full", "opt_clean -purge", "memory_collect", "opt_clean",
-              "write_verilog -norename -noattr"]
-    verilog, _ = replicate_bit_runs(yosys.run(["-q", "-"], "\n".join(script), ignore_warnings=True))
-    return verilog
-
-
-# A name in a concatenation (escaped names end at whitespace; one with a comma or a brace
-# in it is no such name, so its concatenation is left alone).
-_CAT_NAME = r"(?:\\[^\s,{}]+\s|[A-Za-z_][\w$]*\s?)"
-# A part of a concatenation: such a name with an optional constant select, or a sized constant.
-_PART = rf"\s*(?:{_CAT_NAME}(?:\[\d+(?::\d+)?\])?|\d+'[bodh][0-9a-fA-FxXzZ_?]+)\s*"
-# A concatenation of such parts, opening where a concatenation can open (not inside a name).
-_CONCAT = re.compile(rf"(?<=[\s(={{,?:])\{{({_PART}(?:,{_PART})*)\}}")
-# A part that selects one bit of a name (or one word of a memory).
-_BIT = re.compile(rf"{_CAT_NAME}\[\d+\]")
-
-
-def replicate_bit_runs(verilog: str, shortest: int = 3) -> tuple[str, int]:
-    """Write each run of at least ``shortest`` copies of one bit in a concatenation
-    (``{ x [15], x [15], ..., x [15:0] }``, Yosys's form of a sign extension) as a
-    replication ``{N{x [15]}}``. Verilator evaluates the copies one bit at a time (a
-    shift, a mask and an OR each, or a vector sequence) and a replication as one negation
-    and mask; the netlist is the same. Lines with a string (``$display``) are left alone.
-    Returns the Verilog and the number of runs rewritten."""
-    count = 0
-
-    def concat(match) -> str:
-        nonlocal count
-        parts = match.group(1).split(",")
-        out, i = [], 0
-        while i < len(parts):
-            part = parts[i].strip()
-            j = i + 1
-            while j < len(parts) and parts[j].strip() == part:
-                j += 1
-            if j - i >= shortest and _BIT.fullmatch(part):
-                out.append(f" {{{j - i}{{{part} }}}}")
-                count += 1
-            else:
-                out.extend(parts[i:j])
-            i = j
-        return "{" + ",".join(out) + "}"
-
-    lines = [line if '"' in line else _CONCAT.sub(concat, line) for line in verilog.split("\n")]
-    return "\n".join(lines), count
-
-
-_NAME = r"\\\S+ |[A-Za-z_]\w*"       # a Verilog identifier as Yosys writes it (escaped ones end in a space)
-_LATCH = r"  always @\(negedge {clock}\)\n    (" + _NAME + r") <= (.+);\n"
-_POSEDGE = re.compile(r"always @\(posedge (" + _NAME + r")\)")
-_SENSITIVITY = re.compile(r"always @\(posedge (" + _NAME + r") or negedge \1\)")
-_HEADER = re.compile(r"^module \w+\((?s:.*?)\);", re.M)
-
-
-def _uses(name: str, text: str) -> int:
-    """Occurrences of the identifier ``name`` in ``text``."""
-    if name.startswith("\\"):
-        return text.count(name)
-    return len(re.findall(rf"(?<![\w$.\\]){re.escape(name)}(?![\w$])", text))
-
-
-def one_evaluation_per_clock(verilog: str, clock: str) -> tuple[str, int]:
-    """:func:`export_flat_verilog`'s output rewritten so that a C++ harness simulates one
-    clock with one Verilator evaluation instead of two (about 7 % fewer instructions
-    per device clock, docs/benchmarks.md).
-
-    - Every register and memory port takes both edges of its clock
-      (``always @(posedge c or negedge c)``): the harness toggles ``clock`` once per
-      clock cycle.
-    - Each clock gate (:class:`dlbooster.hw.gating.ClockGate`: an enable register on the
-      falling edge of ``clock`` and a gated clock ``clock & enable``) becomes a pair of
-      ports: ``gate_open[i]``, the gate's enable expression, and ``gate_clk[i]``, the
-      gated clock, which the harness toggles together with ``clock`` in the cycles whose
-      ``gate_open[i]`` it read high before applying the cycle's inputs. That is the
-      gate's own behaviour as long as the enable depends on registers only, as
-      ``ClockGate`` asks (the harness counts the cycles where it did not with
-      ``dlb_check_gates``).
-
-    Returns the Verilog and the number of gates (``gate_clk``/``gate_open`` are that
-    wide; there are no such ports without gates).
-
-    Raises:
-        ValueError: the Verilog has a falling-edge register that is not a gate's enable
-            (one register, used once, as ``clock & enable``), a process that is not a
-            register or memory port on ``clock`` or on a gate's clock, or a use of
-            ``clock`` or a gated clock other than as a clock (whose level the rewriting
-            changes).
-    """
-    gates = []
-
-    def cut_latch(match):
-        gates.append((match.group(1), match.group(2)))
-        return ""
-
-    text = re.sub(_LATCH.format(clock=re.escape(clock)), cut_latch, verilog)
-    if f"negedge {clock}" in text:
-        raise ValueError(f"a falling-edge process on {clock} that is not a clock gate's enable register")
-    gate_clocks = []
-    for i, (enable, expr) in enumerate(gates):
-        text, declared = re.subn(rf"  reg {re.escape(enable)}( = [^;]+)?;\n", "", text)
-        both = rf"(?:{re.escape(clock)} & {re.escape(enable)}|{re.escape(enable)} & {re.escape(clock)})"
-
-        def port(match, i=i, expr=expr):
-            gate_clocks.append(match.group(1))
-            return f"  assign {match.group(1)} = gate_clk[{i}];\n  assign gate_open[{i}] = {expr};\n"
-
-        text, used = re.subn(rf"  assign ({_NAME}) = {both};\n", port, text)
-        if declared != 1 or used != 1 or _uses(enable, text):
-            raise ValueError(f"falling-edge register {enable.strip()} of {clock} is not a clock gate's enable "
-                             f"(one register, used once, as {clock} & enable)")
-    text, processes = _POSEDGE.subn(lambda m: f"always @(posedge {m.group(1)} or negedge {m.group(1)})", text)
-    if text.count("always @(") != processes:
-        raise ValueError("a process that is not a register or memory port on one clock's rising edge")
-    # Each clock now changes level once per cycle: it may clock processes, nothing else.
-    rest = _SENSITIVITY.sub("always @()", text)
-    clocked = set(_SENSITIVITY.findall(text))
-    if not clocked <= {clock, *gate_clocks}:
-        raise ValueError(f"processes on {sorted(c.strip() for c in clocked - {clock, *gate_clocks})}, "
-                         f"neither {clock} nor a clock gate's clock")
-    names = "|".join(re.escape(name) for name in (clock, *gate_clocks))
-    rest = re.sub(rf"^  (?:input|wire) (?:{names});\n|^  assign (?:{_NAME}) *= gate_clk\[\d+\];\n", "",
-                  _HEADER.sub("", rest, count=1), flags=re.M)
-    for name in (clock, *gate_clocks):
-        if _uses(name, rest):
-            raise ValueError(f"{name.strip()} is used other than as a clock")
-    if gates:
-        n = len(gates)
-        header = _HEADER.search(text)
-        text = (text[:header.end() - 2] + ", gate_clk, gate_open" + text[header.end() - 2:])
-        text = text.replace(f"  input {clock};\n",
-                            f"  input {clock};\n  input [{n - 1}:0] gate_clk;\n  output [{n - 1}:0] gate_open;\n", 1)
-    return text, len(gates)
 
 
 @functools.cache

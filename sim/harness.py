@@ -3,7 +3,7 @@
 cocotb drives the core one clock at a time from Python (a few thousand clocks per
 second); this harness runs the clocks in C++ (``sim/cpp/entropy_main.cpp``), millions
 per second, for benchmarks and full-corpus checks. The executable is built on first use
-and cached by a hash of the flattened Verilog (:func:`dlbooster.sim.flow.export_flat_verilog`)
+and cached by a hash of the flattened Verilog (:func:`dlbooster.sim.netlist.export_flat_verilog`)
 and the harness source; an index keyed by the gateware's Python sources and the
 parameters finds it again without elaborating the design (as the simulated device's).
 """
@@ -17,7 +17,8 @@ from pathlib import Path
 
 import numpy as np
 
-from .flow import SPEED_CONFIG, build_verilated, cache_root, export_flat_verilog, make_folder, toolchain_env
+from .flow import SPEED_CONFIG, build_verilated, cache_root, make_folder, toolchain_env
+from .netlist import export_flat_verilog
 
 __all__ = ["EntropyHarness", "HarnessResult", "IdctHarness", "IdctResult", "blocks_from_beats",
            "build_chain_harness", "build_entropy_harness", "build_idct_harness", "pack",

@@ -580,16 +580,33 @@ def test_the_build_environment_and_the_runtime_modules_the_gateware_imports_are_
     sources = {p.resolve() for p in device._gateware_sources()}
     assert {Path(dlbooster.hw.t81.__file__).resolve(), Path(dlbooster.hw.idct.__file__).resolve()} <= sources
     assert {p.parent for p in sources} == {Path(dlbooster.hw.idct.__file__).resolve().parent}
-    # The device library's key holds its harness, its training run, sim/device.py,
-    # which chooses how the device is elaborated, and sim/sink.py, which rewrites its
-    # Verilog.
-    import dlbooster.sim.sink
+    # Every key holds every file of sim/netlist/, which flattens and rewrites the
+    # Verilog: a change to any of them changes it.
+    from dlbooster.sim import netlist
 
+    assert {Path(module.__file__).resolve() for module in (netlist, netlist.evaluation, netlist.fallback,
+                                                           netlist.flatten, netlist.replicate, netlist.sink)} == {
+        p.resolve() for p in netlist.SOURCES}
+    copies = []
+    for path in netlist.SOURCES:
+        copies.append(tmp_path / "netlist" / path.name)
+        copies[-1].parent.mkdir(exist_ok=True)
+        copies[-1].write_bytes(path.read_bytes())
+    key = device.source_key({"max_width": 64}, [extra], ["-CFLAGS", "-O2"])
+    monkeypatch.setattr(netlist, "SOURCES", tuple(copies))
+    assert device.source_key({"max_width": 64}, [extra], ["-CFLAGS", "-O2"]) == key
+    for copy in copies:
+        text = copy.read_bytes()
+        copy.write_bytes(text + b"\n")
+        assert device.source_key({"max_width": 64}, [extra], ["-CFLAGS", "-O2"]) != key, copy.name
+        copy.write_bytes(text)
+    # The device library's key holds its harness, its training run and sim/device.py,
+    # which chooses how the device is elaborated and rewritten.
     given = []
     monkeypatch.setattr(device, "source_key", lambda params, files, flags: given.append(files) or "key")
     device._source_key({"lanes": 1})
-    assert {Path(device.__file__).resolve(), device._CPP.resolve(), device._PGO.resolve(),
-            Path(dlbooster.sim.sink.__file__).resolve()} <= {Path(f).resolve() for f in given[0]}
+    assert {Path(device.__file__).resolve(), device._CPP.resolve(), device._PGO.resolve()} <= {
+        Path(f).resolve() for f in given[0]}
 
 
 def test_a_device_outside_its_register_fields_is_refused():
@@ -639,116 +656,3 @@ def test_a_device_build_says_so_before_its_minutes_of_silence(tmp_path, monkeypa
     monkeypatch.setattr(simdev, "profile_guided_available", lambda: False)
     simdev.build_device_library(lanes=2, max_width=64)
     assert len(builds) == 2 and builds[1]["train"] is None
-
-
-def _gated_counters():
-    """A component with a counter on ``sync`` and one behind a :class:`ClockGate` opened by
-    ``go``."""
-    from amaranth import Module, ResetSignal
-    from amaranth.lib import wiring
-    from amaranth.lib.wiring import In, Out
-
-    from dlbooster.hw.gating import ClockGate
-
-    class Counters(wiring.Component):
-        def __init__(self):
-            super().__init__({"go": In(1), "every": Out(8), "gated": Out(8)})
-
-        def elaborate(self, platform):
-            m = Module()
-            gate = ClockGate("blk", True)
-            inner = Module()
-            inner.d.sync += self.gated.eq(self.gated + 1)
-            m.submodules.blk = gate.wrap(inner)
-            gate.add(m, self.go, ResetSignal("sync"))
-            m.d.sync += self.every.eq(self.every + 1)
-            return m
-
-    return Counters()
-
-
-def test_one_evaluation_per_clock_makes_each_gate_a_port_pair_and_every_register_take_both_edges():
-    from dlbooster.sim.flow import export_flat_verilog, one_evaluation_per_clock
-
-    flat = export_flat_verilog(_gated_counters(), "top")
-    (enable, expr), = re.findall(r"always @\(negedge clk\)\n    (\S+ ?) <= (.+);", flat)   # the gate's enable
-    gated_clock, = re.findall(rf"assign (\S+ ?) = clk & {re.escape(enable)};", flat)
-    text, gates = one_evaluation_per_clock(flat, "clk")
-    assert gates == 1
-    header = re.search(r"module top\((.*?)\);", text, re.S).group(1)
-    assert {"gate_clk", "gate_open", "clk", "go"} <= {p.strip() for p in header.split(",")}
-    assert "  input [0:0] gate_clk;\n  output [0:0] gate_open;\n" in text
-    # The enable register's input drives gate_open; the gated clock is the port, and it
-    # clocks the gated counter.
-    assert f"  assign gate_open[0] = {expr};\n" in text
-    assert f"  assign {gated_clock} = gate_clk[0];\n" in text
-    assert re.search(rf"always @\(posedge {re.escape(gated_clock)} or negedge {re.escape(gated_clock)}\)\n"
-                     r"    if \(rst\) gated <= ", text)
-    assert enable not in text and "clk &" not in text
-    processes = re.findall(r"always @\((.*?)\)", text)
-    assert len(processes) >= 2
-    for sensitivity in processes:
-        clock = re.fullmatch(r"posedge (\S+ ?) or negedge (\S+ ?)", sensitivity)
-        assert clock and clock.group(1) == clock.group(2), sensitivity
-    assert text.count("negedge") == len(processes)
-    # Without gates: only the registers change, and no port is added.
-    from amaranth import Module
-    from amaranth.lib import wiring
-    from amaranth.lib.wiring import Out
-
-    class Plain(wiring.Component):
-        def __init__(self):
-            super().__init__({"count": Out(4)})
-
-        def elaborate(self, platform):
-            m = Module()
-            m.d.sync += self.count.eq(self.count + 1)
-            return m
-
-    plain, none = one_evaluation_per_clock(export_flat_verilog(Plain(), "top"), "clk")
-    assert none == 0 and "gate_" not in plain and "always @(posedge clk or negedge clk)" in plain
-
-
-def test_one_evaluation_per_clock_refuses_what_it_cannot_rewrite():
-    from amaranth import ClockDomain, ClockSignal, Module
-    from amaranth.lib import wiring
-    from amaranth.lib.wiring import In, Out
-
-    from dlbooster.sim.flow import export_flat_verilog, one_evaluation_per_clock
-
-    class FallingEdgeData(wiring.Component):
-        def __init__(self):
-            super().__init__({"d": In(4), "q": Out(4)})
-
-        def elaborate(self, platform):
-            m = Module()
-            m.domains.fall = ClockDomain(clk_edge="neg", local=True)
-            m.d.comb += ClockSignal("fall").eq(ClockSignal("sync"))
-            m.d.fall += self.q.eq(self.d)
-            return m
-
-    with pytest.raises(ValueError, match=r"falling-edge register q of clk is not a clock gate's enable \(one"):
-        one_evaluation_per_clock(export_flat_verilog(FallingEdgeData(), "top"), "clk")
-    flat = export_flat_verilog(_gated_counters(), "top")
-    one_evaluation_per_clock(flat, "clk")
-    latch = re.search(r"  always @\(negedge clk\)\n    (\S+ ?) <= (.+);\n", flat)
-    with pytest.raises(ValueError, match="a falling-edge process on clk that is not"):
-        one_evaluation_per_clock(flat.replace(latch.group(0), latch.group(0).replace(
-            "negedge clk)\n", "negedge clk) begin\n") + "  end\n"), "clk")
-    gated_clock = re.search(r"  assign (\S+ ?) = clk & (\S+ ?);\n", flat)
-    twice = flat.replace(gated_clock.group(0), gated_clock.group(0) + gated_clock.group(0).replace(
-        gated_clock.group(1), "\\other_clk ", 1))
-    with pytest.raises(ValueError, match="is not a clock gate's enable"):
-        one_evaluation_per_clock(twice, "clk")
-    with pytest.raises(ValueError, match="rising edge"):
-        one_evaluation_per_clock(flat.replace("always @(posedge clk)", "always @(posedge clk or posedge go)", 1),
-                                 "clk")
-    # A clock of another kind (a divided clock, say) would run at twice its rate.
-    with pytest.raises(ValueError, match=r"processes on \['go'\], neither clk nor"):
-        one_evaluation_per_clock(flat.replace("always @(posedge clk)", "always @(posedge go)", 1), "clk")
-    # The clock's level changes once per cycle after the rewriting: no logic may read it.
-    counter = re.search(r"  assign (\S+ ?) = every \+ 1'h1;", flat).group(0)
-    with pytest.raises(ValueError, match="clk is used other than as a clock"):
-        one_evaluation_per_clock(flat.replace(counter, counter.replace("1'h1", "clk")), "clk")
-    with pytest.raises(ValueError, match="used other than as a clock"):
-        one_evaluation_per_clock(flat.replace(counter, counter.replace("1'h1", gated_clock.group(1))), "clk")

@@ -16,7 +16,8 @@ import json
 import pytest
 
 from dlbooster.hw.regs import DeviceStatus
-from dlbooster.sim.flow import export_flat_verilog, run_cocotb, simulator_available
+from dlbooster.sim.flow import run_cocotb, simulator_available
+from dlbooster.sim.netlist import export_flat_verilog
 
 from jpegtools import gen
 

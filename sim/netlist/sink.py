@@ -18,7 +18,11 @@ import collections
 import re
 from dataclasses import dataclass, field
 
+from .fallback import UnknownForm
+
 __all__ = ["sink_into_enables"]
+
+_PASS = "sink_into_enables"
 
 _ID = r"\\\S+|[A-Za-z_][\w$]*"       # an identifier as Yosys writes it (escaped ones end at a space)
 # A literal (skipped whole), or a name and the constant bit range read of it, if any.
@@ -121,12 +125,17 @@ def _parse(verilog: str) -> _Netlist:
         if line.startswith("  function") or line.startswith("  always") or line.startswith("  initial"):
             j = i + 1
             if line.startswith("  function"):
-                while lines[j].strip() != "endfunction":
+                while j < len(lines) and lines[j].strip() != "endfunction":
                     j += 1
+                if j == len(lines):
+                    raise UnknownForm(_PASS, f"line {i + 1} opens a function that no line endfunction closes")
                 j += 1
             elif line.rstrip().endswith("begin"):
                 depth = 1
                 while depth:
+                    if j == len(lines):
+                        raise UnknownForm(_PASS, f"line {i + 1} opens a block (it ends in begin) that no line end "
+                                                 "closes")
                     text = lines[j].strip()
                     depth += text.endswith("begin") - (text == "end" or text.startswith("end "))
                     j += 1
@@ -193,8 +202,9 @@ def sink_into_enables(verilog: str, max_width: int = 64) -> tuple[str, int]:
     """Move the combinational logic that registers read only under one enable into
     their process, computed only when the enable is true (module docstring).
 
-    ``verilog`` is a flattened module as :func:`dlbooster.sim.flow.export_flat_verilog`
-    writes it (after :func:`~dlbooster.sim.flow.one_evaluation_per_clock` or not):
+    ``verilog`` is a flattened module as
+    :func:`~dlbooster.sim.netlist.flatten.export_flat_verilog` writes it (after
+    :func:`~dlbooster.sim.netlist.evaluation.one_evaluation_per_clock` or not):
     each register or memory port a process ``always @(S)`` with an if/else-if chain of
     non-blocking assignments. A wire moves to the place ``(S, C)`` when:
 
@@ -220,6 +230,11 @@ def sink_into_enables(verilog: str, max_width: int = 64) -> tuple[str, int]:
 
     Returns the Verilog and the number of wires moved. Processes, assignments and
     declarations in any other form are kept as they are, and what they read stays put.
+
+    Raises:
+        UnknownForm: the module cannot be cut into its items: a ``function`` without an
+            ``endfunction`` line, or a line ending in ``begin`` without an ``end`` line
+            of its own.
     """
     net = _parse(verilog)
     found, busy = {}, object()

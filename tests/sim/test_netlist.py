@@ -1,13 +1,17 @@
-"""sim/sink.py: logic moved under the enables that read it, checked on the text and
-by simulating the design before and after side by side in Icarus."""
+"""sim/netlist/: the flattening and the rewritings for simulation speed (the
+replications of one bit, one evaluation per clock, logic moved under the enables that
+read it), checked on the text and by simulating the design before and after side by side
+in Icarus; and what each does with Verilog of a form it does not know."""
 
+import logging
 import re
 import subprocess
 
 import pytest
 
-from dlbooster.sim.flow import export_flat_verilog, one_evaluation_per_clock, replicate_bit_runs, simulator_available
-from dlbooster.sim.sink import sink_into_enables
+from dlbooster.sim.flow import simulator_available
+from dlbooster.sim.netlist import (UnknownForm, export_flat_verilog, one_evaluation_per_clock, replicate_bit_runs,
+                                   rewrite_or_keep, sink_into_enables)
 
 _OUTPUTS = {"a": 18, "b": 18, "c": 16, "d": 16, "e": 8, "f": 8, "g": 16}
 
@@ -306,12 +310,195 @@ def test_replications_behave_the_same_through_the_simulation_rewritings(tmp_path
     """:func:`_extending` flattened with and without the replications, each through
     one_evaluation_per_clock, the replicated one also through sink_into_enables: the same
     outputs in every clock."""
-    import dlbooster.sim.flow as flow
+    from dlbooster.sim.netlist import flatten
 
     replicated = one_evaluation_per_clock(export_flat_verilog(_extending(), "top"), "clk")[0]
-    monkeypatch.setattr(flow, "replicate_bit_runs", lambda verilog, shortest=3: (verilog, 0))
+    monkeypatch.setattr(flatten, "replicate_bit_runs", lambda verilog, shortest=3: (verilog, 0))
     plain = one_evaluation_per_clock(export_flat_verilog(_extending(), "top"), "clk")[0]
     assert re.search(r"\{3[12]\{", replicated) and not re.search(r"\{3[12]\{", plain)
     sunk, _ = sink_into_enables(replicated)
     inputs, outputs = {"x": 16, "y": 16, "en": 1, "rst": 1}, {"a": 48, "b": 40}
     assert _side_by_side(plain, sunk, inputs, outputs, tmp_path) == 0
+
+
+def _gated_counters():
+    """A component with a counter on ``sync`` and one behind a :class:`ClockGate` opened by
+    ``go``."""
+    from amaranth import Module, ResetSignal
+    from amaranth.lib import wiring
+    from amaranth.lib.wiring import In, Out
+
+    from dlbooster.hw.gating import ClockGate
+
+    class Counters(wiring.Component):
+        def __init__(self):
+            super().__init__({"go": In(1), "every": Out(8), "gated": Out(8)})
+
+        def elaborate(self, platform):
+            m = Module()
+            gate = ClockGate("blk", True)
+            inner = Module()
+            inner.d.sync += self.gated.eq(self.gated + 1)
+            m.submodules.blk = gate.wrap(inner)
+            gate.add(m, self.go, ResetSignal("sync"))
+            m.d.sync += self.every.eq(self.every + 1)
+            return m
+
+    return Counters()
+
+
+def test_one_evaluation_per_clock_makes_each_gate_a_port_pair_and_every_register_take_both_edges():
+    flat = export_flat_verilog(_gated_counters(), "top")
+    (enable, expr), = re.findall(r"always @\(negedge clk\)\n    (\S+ ?) <= (.+);", flat)   # the gate's enable
+    gated_clock, = re.findall(rf"assign (\S+ ?) = clk & {re.escape(enable)};", flat)
+    text, gates = one_evaluation_per_clock(flat, "clk")
+    assert gates == 1
+    header = re.search(r"module top\((.*?)\);", text, re.S).group(1)
+    assert {"gate_clk", "gate_open", "clk", "go"} <= {p.strip() for p in header.split(",")}
+    assert "  input [0:0] gate_clk;\n  output [0:0] gate_open;\n" in text
+    # The enable register's input drives gate_open; the gated clock is the port, and it
+    # clocks the gated counter.
+    assert f"  assign gate_open[0] = {expr};\n" in text
+    assert f"  assign {gated_clock} = gate_clk[0];\n" in text
+    assert re.search(rf"always @\(posedge {re.escape(gated_clock)} or negedge {re.escape(gated_clock)}\)\n"
+                     r"    if \(rst\) gated <= ", text)
+    assert enable not in text and "clk &" not in text
+    processes = re.findall(r"always @\((.*?)\)", text)
+    assert len(processes) >= 2
+    for sensitivity in processes:
+        clock = re.fullmatch(r"posedge (\S+ ?) or negedge (\S+ ?)", sensitivity)
+        assert clock and clock.group(1) == clock.group(2), sensitivity
+    assert text.count("negedge") == len(processes)
+    # Without gates: only the registers change, and no port is added.
+    from amaranth import Module
+    from amaranth.lib import wiring
+    from amaranth.lib.wiring import Out
+
+    class Plain(wiring.Component):
+        def __init__(self):
+            super().__init__({"count": Out(4)})
+
+        def elaborate(self, platform):
+            m = Module()
+            m.d.sync += self.count.eq(self.count + 1)
+            return m
+
+    plain, none = one_evaluation_per_clock(export_flat_verilog(Plain(), "top"), "clk")
+    assert none == 0 and "gate_" not in plain and "always @(posedge clk or negedge clk)" in plain
+
+
+def test_one_evaluation_per_clock_refuses_what_it_cannot_rewrite():
+    from amaranth import ClockDomain, ClockSignal, Module
+    from amaranth.lib import wiring
+    from amaranth.lib.wiring import In, Out
+
+    class FallingEdgeData(wiring.Component):
+        def __init__(self):
+            super().__init__({"d": In(4), "q": Out(4)})
+
+        def elaborate(self, platform):
+            m = Module()
+            m.domains.fall = ClockDomain(clk_edge="neg", local=True)
+            m.d.comb += ClockSignal("fall").eq(ClockSignal("sync"))
+            m.d.fall += self.q.eq(self.d)
+            return m
+
+    with pytest.raises(UnknownForm, match=r"falling-edge register q of clk is not a clock gate's enable \(one"):
+        one_evaluation_per_clock(export_flat_verilog(FallingEdgeData(), "top"), "clk")
+    flat = export_flat_verilog(_gated_counters(), "top")
+    one_evaluation_per_clock(flat, "clk")
+    latch = re.search(r"  always @\(negedge clk\)\n    (\S+ ?) <= (.+);\n", flat)
+    with pytest.raises(UnknownForm, match="a falling-edge process on clk that is not"):
+        one_evaluation_per_clock(flat.replace(latch.group(0), latch.group(0).replace(
+            "negedge clk)\n", "negedge clk) begin\n") + "  end\n"), "clk")
+    gated_clock = re.search(r"  assign (\S+ ?) = clk & (\S+ ?);\n", flat)
+    twice = flat.replace(gated_clock.group(0), gated_clock.group(0) + gated_clock.group(0).replace(
+        gated_clock.group(1), "\\other_clk ", 1))
+    with pytest.raises(UnknownForm, match="is not a clock gate's enable"):
+        one_evaluation_per_clock(twice, "clk")
+    with pytest.raises(UnknownForm, match="rising edge"):
+        one_evaluation_per_clock(flat.replace("always @(posedge clk)", "always @(posedge clk or posedge go)", 1),
+                                 "clk")
+    # A clock of another kind (a divided clock, say) would run at twice its rate.
+    with pytest.raises(UnknownForm, match=r"processes on \['go'\], neither clk nor"):
+        one_evaluation_per_clock(flat.replace("always @(posedge clk)", "always @(posedge go)", 1), "clk")
+    # The clock's level changes once per cycle after the rewriting: no logic may read it.
+    counter = re.search(r"  assign (\S+ ?) = every \+ 1'h1;", flat).group(0)
+    with pytest.raises(UnknownForm, match="clk is used other than as a clock"):
+        one_evaluation_per_clock(flat.replace(counter, counter.replace("1'h1", "clk")), "clk")
+    with pytest.raises(UnknownForm, match="used other than as a clock"):
+        one_evaluation_per_clock(flat.replace(counter, counter.replace("1'h1", gated_clock.group(1))), "clk")
+    # The gates' ports go after the clock's: a declaration of another form is a use.
+    with pytest.raises(UnknownForm, match="^one_evaluation_per_clock: clk is used other than as a clock$"):
+        one_evaluation_per_clock(flat.replace("  input clk;\n", "  input wire clk;\n"), "clk")
+
+
+#: A shared sum that two registers read under ``en`` (sink_into_enables moves it), on
+#: the rising edge of ``clk`` as Yosys writes it.
+_SHARED = ("  wire [15:0] t;\n  assign t = x + y;\n  always @(posedge clk)\n    if (en) a <= t;\n"
+           "  always @(posedge clk)\n    if (en) b <= t ^ x;\n")
+#: Verilog that sink_into_enables cannot cut into its items (each valid Verilog), and
+#: the reason it gives.
+_UNCUT = {
+    "endfunction with a comment": (
+        "  function [15:0] inc;\n    input [15:0] v;\n    inc = v + 16'h1;\n  endfunction // inc\n",
+        "line 20 opens a function that no line endfunction closes"),
+    "begin in a comment": (
+        "  always @(posedge clk) begin\n    a <= x; // begin\n  end\n",
+        "line 20 opens a block (it ends in begin) that no line end closes"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(_UNCUT))
+def test_a_form_the_sinking_does_not_know_keeps_the_verilog_with_one_warning(case, caplog):
+    body, reason = _UNCUT[case]
+    plain = _module(_SHARED, {"a": 16, "b": 16})
+    assert sink_into_enables(plain)[1] == 1
+    text = _module(_SHARED + body, {"a": 16, "b": 16})
+    with pytest.raises(UnknownForm, match=f"^sink_into_enables: {re.escape(reason)}$") as raised:
+        sink_into_enables(text)
+    assert (raised.value.pass_name, raised.value.reason) == ("sink_into_enables", reason)
+    with caplog.at_level(logging.WARNING, logger="dlbooster.sim.netlist"):
+        assert rewrite_or_keep(sink_into_enables, text) == (text, 0)
+    (warning,) = caplog.records
+    assert warning.levelno == logging.WARNING
+    assert warning.getMessage() == (f"sink_into_enables: {reason}; the Verilog is kept without this rewriting "
+                                    "(the same behaviour, slower to simulate)")
+    # A form it knows: rewritten, and nothing said.
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="dlbooster.sim.netlist"):
+        assert rewrite_or_keep(sink_into_enables, plain) == sink_into_enables(plain)
+    assert not caplog.records
+
+
+def test_a_form_one_evaluation_per_clock_does_not_know_is_kept_with_one_warning(caplog):
+    """Kept, by :func:`rewrite_or_keep`, as it is: here a falling-edge register that is
+    no clock gate's enable."""
+    text = _module("  always @(negedge clk)\n    a <= x;\n", {"a": 16})
+    with caplog.at_level(logging.WARNING, logger="dlbooster.sim.netlist"):
+        assert rewrite_or_keep(one_evaluation_per_clock, text, "clk") == (text, 0)
+    (warning,) = caplog.records
+    assert warning.getMessage().startswith("one_evaluation_per_clock: falling-edge register a of clk is not a "
+                                           "clock gate's enable (one register, used once, as clk & enable); ")
+
+
+def test_the_device_build_keeps_its_verilog_unsunk_where_the_sinking_does_not_know_its_form(monkeypatch, caplog):
+    """The simulated device's Verilog (:func:`dlbooster.sim.device.device_verilog`) where
+    sink_into_enables does not apply: one evaluation per clock, not sunk, one warning. A
+    form that one_evaluation_per_clock does not know fails the build: the device's
+    harness simulates only its output."""
+    from dlbooster.sim import device
+
+    flat = _module(_SHARED + _UNCUT["begin in a comment"][0], {"a": 16, "b": 16}).replace("clk", "ap_clk")
+    monkeypatch.setattr(device, "export_flat_verilog", lambda component, top: flat)
+    once, gates = one_evaluation_per_clock(flat, "ap_clk")
+    assert "always @(posedge ap_clk or negedge ap_clk)" in once and gates == 0
+    with caplog.at_level(logging.WARNING, logger="dlbooster.sim"):
+        assert device.device_verilog({"lanes": 1, "max_width": 64}) == (once, 0)
+    (warning,) = caplog.records
+    assert warning.getMessage().startswith(
+        "sink_into_enables: line 20 opens a block (it ends in begin) that no line end closes; ")
+    falling = _module("  always @(negedge clk)\n    a <= x;\n", {"a": 16}).replace("clk", "ap_clk")
+    monkeypatch.setattr(device, "export_flat_verilog", lambda component, top: falling)
+    with pytest.raises(UnknownForm, match="^one_evaluation_per_clock: falling-edge register a of ap_clk"):
+        device.device_verilog({"lanes": 1, "max_width": 64})
