@@ -15,7 +15,7 @@ cd "$(dirname "$0")/.."
 out="${OUT:-.}"
 python -c "import torch, torchvision; assert torch.cuda.is_available(), 'no CUDA device'; print(torch.__version__, torch.cuda.get_device_name())"
 python -m pip install --quiet --no-deps --no-build-isolation -e . >/dev/null
-python -m pytest -q -p no:cacheprovider tests/host/train/test_schedule.py tests/host/runtime/test_loader.py tests/host/train/test_train.py -k cuda
+python -m pytest -q -p no:cacheprovider tests/host/train/test_schedule.py tests/host/runtime/test_loader_gpu.py tests/host/train/test_train.py -k cuda
 dlbooster bench backward --device cuda --model resnet50 --batch-size 64,256 --dtype fp32,bf16 \
     --iterations 10 --rounds 3 --warmup 3 --json "$out/backward-gpu.json"
 # 3. The iteration-time predictor on this GPU: its CUDA test, a calibrated GPU
