@@ -1,19 +1,31 @@
 """``dlbooster bench``: each benchmark's arguments, and the dispatch to it."""
 
 from __future__ import annotations
+
 import argparse
 import contextlib
+import io
 import json
+import os
 import sys
 from pathlib import Path
 
+from dlbooster.bench.common import Refused, machine, table
 from dlbooster.bench.decoder import bench_decode, bench_device, bench_entropy, bench_idct, bench_lane, bench_parse
+from dlbooster.bench.train import bench_backward
 from dlbooster.support import argtypes
 from dlbooster.support.files import json_target_problem, walk_inputs
+from dlbooster.support.samples import default_corpus
 
-from dlbooster.bench.common import Refused, machine, table
+# Pillow, PyTorch and torchvision, the IEEE 1180 limits, and the runtime and records
+# benchmarks are imported where they are used, so that `import dlbooster.cli` (every
+# `dlbooster` run, --help too) does not load them.
 
-__all__ = ["add_arguments", "run"]
+__all__ = ["HELP", "DESCRIPTION", "add_arguments", "run"]
+
+HELP = "benchmarks (tables on stdout, JSON with --json)"
+#: None: ``bench --help`` lists the benchmarks, each with its help.
+DESCRIPTION = None
 
 
 def _positive_list(text: str) -> str:
@@ -200,10 +212,6 @@ def _corpus(args: argparse.Namespace, what: str) -> Path:
         Refused: none found, or ``$DLBOOSTER_CORPUS`` names no folder (it is not passed over
             for another corpus).
     """
-    import os
-
-    from dlbooster.support.samples import default_corpus
-
     kind = args.kind
     named = os.environ.get("DLBOOSTER_CORPUS")
     if named and not Path(named).is_dir():
@@ -227,8 +235,6 @@ _RECODE_SUBSAMPLING = {"4:4:4": 0, "4:2:2": 1, "4:2:0": 2, "gray": None}
 def _recode(files: list[tuple[str, bytes]], spec: str) -> tuple[list[tuple[str, bytes]], int]:
     """Each input re-encoded by Pillow as ``spec`` = ``SUBSAMPLING@QUALITY`` (the rows
     keep the original path); returns ``(files, inputs Pillow could not recode)``."""
-    import io
-
     from PIL import Image
 
     sub, _, quality = _recode_spec(spec).partition("@")
@@ -356,26 +362,29 @@ def _run_records(args: argparse.Namespace) -> dict:
 def run(args: argparse.Namespace) -> int:
     """Run the benchmark ``args`` names (``dlbooster bench``): print its table, write
     ``--json`` (``-``: the JSON alone on stdout, the table on stderr); 1 when a check
-    inside it failed (an image differs, a core fails IEEE 1180).
-
-    Raises:
-        Refused: inputs or options it cannot measure, found before the measurement; or a
-            ``--json`` FILE that could be written before the run and cannot after it.
-    """
-    _check_json(args)
-    if args.json == "-":
-        with contextlib.redirect_stdout(sys.stderr):
-            result, failed = _measure(args)
-        print(json.dumps(result, indent=1))
+    inside it failed (an image differs, a core fails IEEE 1180); 2, with the reason on
+    stderr, when it refused: inputs or options it cannot measure, found before the
+    measurement, or a ``--json`` FILE that could be written before the run and cannot
+    after it."""
+    try:
+        _check_json(args)
+        if args.json == "-":
+            with contextlib.redirect_stdout(sys.stderr):
+                result, failed = _measure(args)
+            print(json.dumps(result, indent=1))
+            return 1 if failed else 0
+        result, failed = _measure(args)
+        if args.json:
+            try:
+                Path(args.json).write_text(json.dumps(result, indent=1) + "\n")
+            except OSError as exc:          # checked before the run; something changed since
+                print(f"dlbooster bench {args.kind}: --json {args.json}: {exc.strerror or exc}", file=sys.stderr)
+                return 2
+            print(f"wrote {args.json}", file=sys.stderr)
         return 1 if failed else 0
-    result, failed = _measure(args)
-    if args.json:
-        try:
-            Path(args.json).write_text(json.dumps(result, indent=1) + "\n")
-        except OSError as exc:          # checked before the run; something changed since
-            raise Refused(f"dlbooster bench {args.kind}: --json {args.json}: {exc.strerror or exc}") from None
-        print(f"wrote {args.json}", file=sys.stderr)
-    return 1 if failed else 0
+    except Refused as exc:
+        print(exc, file=sys.stderr)
+        return 2
 
 
 def _measure(args: argparse.Namespace) -> tuple[dict, bool]:
@@ -383,8 +392,6 @@ def _measure(args: argparse.Namespace) -> tuple[dict, bool]:
     files = _inputs(args) if args.kind not in ("backward", "records") else []
     failed = False
     if args.kind == "backward":
-        from dlbooster.bench.train import bench_backward
-
         _check_model(args)
         if args.device != "cpu":
             import torch

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import argparse
 import hashlib
 import io
 import json
@@ -477,21 +476,27 @@ def test_bench_options_are_checked_when_parsed():
     assert done.returncode == 2 and "unrecognized arguments: --backends" in done.stderr
 
 
-def test_bench_default_inputs_are_the_corpus_photographs(tmp_path, monkeypatch):
+def test_bench_default_inputs_are_the_corpus_photographs(tmp_path, monkeypatch, capsys):
     """Without PATH a benchmark reads the corpus's ImageNet sample photographs, not the
     ``_provenance.tsv`` listed beside them (it was timed as a failing input)."""
-    from dlbooster.cli.bench import _inputs
-
     photos = tmp_path / "corpus" / "imagenet-sample-images"
     photos.mkdir(parents=True)
-    for name in ("n01_a.JPEG", "n02_b.jpg"):
-        (photos / name).write_bytes(make_jpeg(16, 16))
-    (photos / "_provenance.tsv").write_text("file\tsource\n")
+    jpegs = {"n01_a.JPEG": make_jpeg(16, 16), "n02_b.jpg": make_jpeg(24, 16)}
+    for name, data in jpegs.items():
+        (photos / name).write_bytes(data)
+    provenance = "file\tsource\n"
+    (photos / "_provenance.tsv").write_text(provenance)
     monkeypatch.setenv("DLBOOSTER_CORPUS", str(tmp_path / "corpus"))
-    args = argparse.Namespace(paths=[], limit=0, kind="decode")
-    assert [Path(p).name for p, _ in _inputs(args)] == ["n01_a.JPEG", "n02_b.jpg"]
-    args.paths = [str(photos)]                     # a folder given by name: every file in it
-    assert [Path(p).name for p, _ in _inputs(args)] == ["_provenance.tsv", "n01_a.JPEG", "n02_b.jpg"]
+    assert main(["bench", "parse", "--repeat", "1", "--json", "-"]) == 0
+    result = json.loads(capsys.readouterr().out)
+    sizes = [len(data) for data in jpegs.values()]
+    assert (result["files"], result["classification"]) == (2, {"None": 2})
+    assert result["bytes_mean"] == pytest.approx(sum(sizes) / 2)
+    # A folder given by name: every file in it.
+    assert main(["bench", "parse", "--repeat", "1", "--json", "-", str(photos)]) == 0
+    result = json.loads(capsys.readouterr().out)
+    assert (result["files"], result["classification"]) == (3, {"None": 2, "not-jpeg": 1})
+    assert result["bytes_mean"] == pytest.approx((sum(sizes) + len(provenance)) / 3)
 
 
 def test_bench_without_inputs_says_so(tmp_path, capsys):
@@ -585,19 +590,34 @@ def test_an_interrupted_png_write_leaves_no_file(tmp_path, monkeypatch):
     assert Image.open(long).size == (6, 4) and len(list(target.parent.iterdir())) == 2
 
 
-def test_an_ignored_sigterm_stays_ignored():
+def test_an_ignored_sigterm_stays_ignored(tmp_path):
     """A command started with SIGTERM ignored (``trap '' TERM``, some supervisors) keeps
-    ignoring it, as Python keeps an ignored SIGINT."""
-    from dlbooster import cli
+    ignoring it, as Python keeps an ignored SIGINT: demo, signalled mid-run, finishes. A
+    command leaves SIGTERM's handler as it found it."""
+    from dlbooster.support.samples import packaged_photos
 
-    previous = signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    if not packaged_photos():
+        pytest.skip("no packaged photographs (scikit-image not installed)")
+    tmp = tmp_path / "tmp"
+    tmp.mkdir()
+    proc = subprocess.Popen([sys.executable, "-m", "dlbooster", "demo"], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, env={**os.environ, "TMPDIR": str(tmp)},
+                            preexec_fn=lambda: signal.signal(signal.SIGTERM, signal.SIG_IGN))
     try:
-        with cli._sigterm_as_interrupt():
-            assert signal.getsignal(signal.SIGTERM) is signal.SIG_IGN
+        deadline = time.monotonic() + 60
+        while not any(tmp.rglob("*.jpg")) and time.monotonic() < deadline and proc.poll() is None:
+            time.sleep(0.02)
+        assert any(tmp.rglob("*.jpg")), "demo wrote no JPEG to its temporary folder"
+        proc.send_signal(signal.SIGTERM)
+        out, err = proc.communicate(timeout=300)
     finally:
-        signal.signal(signal.SIGTERM, previous)
-    with cli._sigterm_as_interrupt():
-        assert callable(signal.getsignal(signal.SIGTERM))
+        proc.kill()
+    n = 6 * len(packaged_photos())        # six JPEG variants of each photograph
+    assert proc.returncode == 0 and "terminated" not in err, err
+    assert f"{n} inputs: {n} ok, 0 fallback, 0 error, 0 differ from Pillow" in out
+    assert list(tmp.iterdir()) == []
+    previous = signal.getsignal(signal.SIGTERM)
+    assert main(["records", "info", str(tmp_path / "none")]) == 2
     assert signal.getsignal(signal.SIGTERM) is previous
 
 
