@@ -34,10 +34,10 @@ from pathlib import Path
 
 def child(epochs: int, marks: Path, pixels: bool) -> None:
     """Under valgrind: warm up, mark, run the epochs, mark, wait to be switched off."""
-    from dlbooster.cli.bench import _inputs
+    from dlbooster.cli.bench import inputs
     from dlbooster.bench.runtime import host_loader
 
-    loader, _ = host_loader(_inputs(argparse.Namespace(paths=[], limit=0, kind="host")),   # as `bench host` does
+    loader, _ = host_loader(inputs(argparse.Namespace(paths=[], limit=0, kind="host")),   # as `bench host` does
                             pixels=pixels)
     loader.set_epoch(0)
     sum(len(batch[1]) for batch in loader)

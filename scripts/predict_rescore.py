@@ -19,7 +19,9 @@ import statistics
 import sys
 from pathlib import Path
 
-from dlbooster.predict.planner import Profile, predict, workload
+from dlbooster.predict.model import predict
+from dlbooster.predict.profiles import Profile
+from dlbooster.predict.work import workload
 
 
 def rescore(validation: dict, p1: Profile, p2: Profile) -> dict:

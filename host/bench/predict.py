@@ -1,6 +1,6 @@
 """``dlbooster predict validate``: the predictor against measured iteration times.
 
-A measured iteration is what :func:`dlbooster.predict.planner.workload` records: forward,
+A measured iteration is what :func:`dlbooster.predict.work.workload` records: forward,
 cross-entropy, backward and an SGD step (momentum 0.9, weight decay 1e-4) of a randomly
 initialised torchvision model on a fixed random batch. By default one process uses every
 core and ``procs`` processes (gloo, ``DistributedDataParallel``, as ``torchrun`` would
@@ -17,7 +17,8 @@ from __future__ import annotations
 import os
 import statistics
 
-from dlbooster.predict.planner import REFERENCE_MODELS, build_model, run_ranks, time_steps
+from dlbooster.predict.work import REFERENCE_MODELS, build_model
+from dlbooster.predict.calibration import run_ranks, time_steps
 
 __all__ = ["measure_iteration", "validate"]
 
@@ -81,13 +82,15 @@ def validate(models, batch_sizes, *, procs=(1, 2), image_size: int = 128, iterat
         "predicted_s", "error_pct"}, ...], "mean_error_pct", "worst_error_pct",
         "profiles": {...}, "step_factors": {...}, "reference_models"}``
         (``reference_models``: validated models that also set the profiles'
-        ``step_factor``, :data:`dlbooster.predict.planner.REFERENCE_MODELS`; their rows are not
+        ``step_factor``, :data:`dlbooster.predict.work.REFERENCE_MODELS`; their rows are not
         held out).
 
     Raises:
         FileNotFoundError: a profile is missing (``dlbooster predict calibrate --procs N``).
     """
-    from dlbooster.predict.planner import load_profile, predict, workload
+    from dlbooster.predict.profiles import load_profile
+    from dlbooster.predict.model import predict
+    from dlbooster.predict.work import workload
 
     gpu = device != "cpu"
     if gpu:

@@ -22,7 +22,7 @@ from dlbooster.runtime.sampler import dist_env
 # The simulators' build cache (dlbooster.sim.flow) is imported once the command line is
 # parsed, so that `dlbooster --help` does not load it.
 
-__all__ = ["main"]
+__all__ = ["main", "parser"]
 
 #: The commands, in the order ``dlbooster --help`` lists them, and their modules.
 _COMMANDS = (("decode", decode), ("build", build), ("bench", bench), ("debug-lane", debug_lane),
@@ -30,16 +30,17 @@ _COMMANDS = (("decode", decode), ("build", build), ("bench", bench), ("debug-lan
              ("train", train), ("records", records), ("demo", demo))
 
 
-def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="dlbooster", description=__doc__.split("\n")[0])
-    parser.add_argument("-v", "--verbose", action="store_true", help="log backend choices")
-    parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
-    sub = parser.add_subparsers(dest="command", required=True)
+def parser() -> argparse.ArgumentParser:
+    """The command line's parser: the top-level options and every command's arguments."""
+    top = argparse.ArgumentParser(prog="dlbooster", description=__doc__.split("\n")[0])
+    top.add_argument("-v", "--verbose", action="store_true", help="log backend choices")
+    top.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
+    sub = top.add_subparsers(dest="command", required=True)
     for name, command in _COMMANDS:
         p = sub.add_parser(name, help=command.HELP, description=command.DESCRIPTION)
         command.add_arguments(p)
         p.set_defaults(func=command.run)
-    return parser
+    return top
 
 
 class _Terminated(KeyboardInterrupt):
@@ -88,7 +89,7 @@ def main(argv: list[str] | None = None) -> int:
     for stream in (sys.stdout, sys.stderr):
         if hasattr(stream, "reconfigure"):
             stream.reconfigure(errors="backslashreplace")
-    args = _parser().parse_args(argv)
+    args = parser().parse_args(argv)
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
                         format="%(name)s: %(message)s")
     from dlbooster.sim.flow import CacheError

@@ -21,7 +21,7 @@ from dlbooster.support.samples import default_corpus
 # benchmarks are imported where they are used, so that `import dlbooster.cli` (every
 # `dlbooster` run, --help too) does not load them.
 
-__all__ = ["HELP", "DESCRIPTION", "add_arguments", "run"]
+__all__ = ["HELP", "DESCRIPTION", "add_arguments", "inputs", "run"]
 
 HELP = "benchmarks (tables on stdout, JSON with --json)"
 #: None: ``bench --help`` lists the benchmarks, each with its help.
@@ -185,7 +185,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                            help="comma-separated subset of pillow,cpu,model")
 
 
-def _inputs(args: argparse.Namespace) -> list[tuple[str, bytes]]:
+def inputs(args: argparse.Namespace) -> list[tuple[str, bytes]]:
+    """A benchmark's input files as ``(path, bytes)``: its PATH arguments walked (folders
+    recursively), or the corpus's ImageNet sample photos; at most ``--limit`` of them.
+
+    Raises:
+        Refused: no input file, one that cannot be read, or no corpus to default to.
+    """
     paths = args.paths
     if not paths:
         paths = [str(_corpus(args, "PATH") / "imagenet-sample-images")]
@@ -389,7 +395,7 @@ def run(args: argparse.Namespace) -> int:
 
 def _measure(args: argparse.Namespace) -> tuple[dict, bool]:
     """The benchmark's result (printing its table) and whether a check inside it failed."""
-    files = _inputs(args) if args.kind not in ("backward", "records") else []
+    files = inputs(args) if args.kind not in ("backward", "records") else []
     failed = False
     if args.kind == "backward":
         _check_model(args)

@@ -1,5 +1,5 @@
 """``dlbooster predict``: the iteration time of data-parallel training and its bottleneck
-(:mod:`dlbooster.predict.planner`); ``predict calibrate`` measures a device profile,
+(:mod:`dlbooster.predict`); ``predict calibrate`` measures a device profile,
 ``predict validate`` compares predictions with measured iterations (:mod:`dlbooster.bench.predict`)."""
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ __all__ = ["HELP", "DESCRIPTION", "add_arguments", "run"]
 HELP = "predict data-parallel training iteration time and its bottleneck"
 DESCRIPTION = ("Predict the iteration time of data-parallel CNN training from the model's per-layer work, a "
                "device profile, the network and the input pipeline, and name the limiting stage "
-               "(host/predict/planner.py). 'predict calibrate' measures this machine's CPU (or GPU) profile; "
+               "(host/predict/). 'predict calibrate' measures this machine's CPU (or GPU) profile; "
                "'predict validate' compares predictions with measured iterations.")
 
 
@@ -83,7 +83,10 @@ def run(args: argparse.Namespace) -> int:
     """A prediction, ``calibrate`` or ``validate``, as ``args.action`` says: printed (or
     ``--json``); 0 when done, 1 when a result could not be written, 2 on bad usage or a
     refused model, profile or device."""
-    from dlbooster.predict.planner import calibrate, load_profile, parse_decoder, predict, profile_dir, workload
+    from dlbooster.predict.calibration import calibrate
+    from dlbooster.predict.profiles import load_profile, profile_dir
+    from dlbooster.predict.model import parse_decoder, predict
+    from dlbooster.predict.work import workload
 
     def dump(report) -> bool:
         """``--json`` alone: print the report as strict JSON (no NaN or Infinity) and nothing else."""

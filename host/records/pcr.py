@@ -65,15 +65,15 @@ from pathlib import Path
 
 import numpy as np
 
-__all__ = ["FORMAT_VERSION", "MAGIC", "RecordError", "RecordFile", "RecordSet", "WriteReport",
-           "is_record_dir", "rebuild", "source_classes", "split_scans", "transcode", "write_records"]
+__all__ = ["FORMAT_VERSION", "HEADER", "MAGIC", "RecordError", "RecordFile", "RecordSet", "WriteReport",
+           "exclusive_lock", "is_record_dir", "rebuild", "source_classes", "split_scans", "transcode", "write_records"]
 
 log = logging.getLogger(__name__)
 
 MAGIC = b"DLBPCR\r\n"
 FORMAT_VERSION = 1
 SUFFIX = ".pcr"
-_HEADER = struct.Struct("<8sIIIIQ")          # magic, version, N, S, M, reserved
+HEADER = struct.Struct("<8sIIIIQ")          # magic, version, N, S, M, reserved
 _GROUP = struct.Struct("<QQII")              # offset, length, crc32, reserved
 _CRC = struct.Struct("<I")
 # One pread moves at most 0x7ffff000 bytes on Linux (read(2)), so longer spans are read in
@@ -312,7 +312,7 @@ def write_records(src: str | os.PathLike, out_dir: str | os.PathLike, *, images_
     moved: list[Path] = []
     try:
         out.mkdir(parents=True, exist_ok=True)      # OUT a file: FileExistsError, as mkdir -p fails
-        with _exclusive(out):
+        with exclusive_lock(out):
             if record_paths(out):
                 raise FileExistsError(f"{out}: already holds record files")
             for stale in out.glob(_STAGING + "*"):   # a killed write's (none runs: we hold the lock)
@@ -418,7 +418,7 @@ _LOCK = ".records-write.lock"
 
 
 @contextlib.contextmanager
-def _exclusive(out: Path):
+def exclusive_lock(out: Path):
     """Hold an exclusive ``flock`` on ``out``'s lock file (released when the writer ends,
     also when the process dies). The lock is on a file opened for writing, not on the
     folder: NFS turns ``flock`` into a byte-range lock, which needs write access. On a
@@ -542,12 +542,12 @@ def _write_file(path: Path, final: Path, images: list[tuple[str, int, int, list[
         for g, piece in enumerate(pieces):
             lengths[g, i] = len(piece)
     groups = [b"".join(p[g] if g < len(p) else b"" for *_, p in images) for g in range(s + 1)]
-    head_size = _HEADER.size + len(meta) + lengths.nbytes + (s + 1) * _GROUP.size + _CRC.size
+    head_size = HEADER.size + len(meta) + lengths.nbytes + (s + 1) * _GROUP.size + _CRC.size
     table, offset = [], head_size
     for g in groups:
         table.append(_GROUP.pack(offset, len(g), zlib.crc32(g), 0))
         offset += len(g)
-    head = _HEADER.pack(MAGIC, FORMAT_VERSION, n, s, len(meta), 0) + meta + lengths.tobytes() + b"".join(table)
+    head = HEADER.pack(MAGIC, FORMAT_VERSION, n, s, len(meta), 0) + meta + lengths.tobytes() + b"".join(table)
     try:
         with open(path, "wb") as f:
             f.write(head + _CRC.pack(zlib.crc32(head)))
@@ -657,18 +657,18 @@ class RecordFile:
     def _read_header(self, f) -> None:
         path = self.path
         size = os.fstat(f.fileno()).st_size
-        head = f.read(_HEADER.size)
+        head = f.read(HEADER.size)
         if head[:8] != MAGIC[:len(head)] or not head:
             raise RecordError(f"{path}: not a dlbooster record (bad magic)")
-        if len(head) < _HEADER.size:
+        if len(head) < HEADER.size:
             raise RecordError(f"{path}: truncated record: {len(head)} bytes, shorter than the "
-                              f"{_HEADER.size}-byte fixed header")
-        _, version, n, s, m, reserved = _HEADER.unpack(head)
+                              f"{HEADER.size}-byte fixed header")
+        _, version, n, s, m, reserved = HEADER.unpack(head)
         if version != FORMAT_VERSION:
             raise RecordError(f"{path}: record format version {version}; this reader reads {FORMAT_VERSION}")
         rest = m + 8 * n * (s + 1) + _GROUP.size * (s + 1) + _CRC.size
-        if _HEADER.size + rest > size:      # before reading: the sizes are not trusted yet
-            raise RecordError(f"{path}: truncated record: its header needs {_HEADER.size + rest} bytes, "
+        if HEADER.size + rest > size:      # before reading: the sizes are not trusted yet
+            raise RecordError(f"{path}: truncated record: its header needs {HEADER.size + rest} bytes, "
                               f"the file has {size}")
         body = f.read(rest)
         (crc,) = _CRC.unpack(body[-_CRC.size:])
@@ -686,7 +686,7 @@ class RecordFile:
                                                     ("pad", "<u4")]), count=s + 1, offset=m + 8 * n * (s + 1))
         # Python integers: u64 fields near 2^64 neither wrap nor turn negative.
         offsets, group_lengths = table["offset"].tolist(), table["length"].tolist()
-        expected = _HEADER.size + rest
+        expected = HEADER.size + rest
         for g in range(s + 1):
             if (offsets[g] != expected or sum(lengths[g].tolist()) != group_lengths[g]
                     or int(lengths[g].max(initial=0)) > group_lengths[g] or table["pad"][g]):

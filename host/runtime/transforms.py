@@ -29,6 +29,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 __all__ = [
+    "available_memory",
     "CenterCrop",
     "DeviceTransform",
     "IMAGENET_MEAN",
@@ -394,7 +395,7 @@ def eval_transform(size: int = 224, resize: int = 256, **kw) -> DeviceTransform:
 _CHECK_ABOVE = 64 << 20
 
 
-def _available_memory(proc: str = "/proc", cgroup: str = "/sys/fs/cgroup") -> int | None:
+def available_memory(proc: str = "/proc", cgroup: str = "/sys/fs/cgroup") -> int | None:
     """Bytes the process can still take: the smaller of the system's ``MemAvailable``
     (``/proc/meminfo``) and the headroom (limit less usage) of every memory cgroup limit
     from the process's cgroup up to the root (v2 ``memory.max`` / ``memory.current``,
@@ -462,7 +463,7 @@ def pad_batch(images: Sequence[Tensor]) -> tuple[Tensor, Tensor]:
     height, width = sizes.max(dim=0).values.tolist()
     need = len(images) * height * width * 3
     if need > _CHECK_ABOVE and images[0].device.type == "cpu":
-        available = _available_memory()
+        available = available_memory()
         if available is not None and need > available:
             raise MemoryError(f"padding {len(images)} images to {height}x{width} needs {need / 2**30:.1f} GiB, "
                               f"more than the {available / 2**30:.1f} GiB available")

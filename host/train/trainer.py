@@ -38,7 +38,8 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     import torch
 
-__all__ = ["NoTrainingData", "TrainConfig", "format_epoch", "photo_dataset", "summary_json", "train"]
+__all__ = ["NoTrainingData", "TrainConfig", "format_epoch", "photo_dataset", "split_folder", "summary_json",
+           "train"]
 
 log = logging.getLogger(__name__)
 
@@ -299,7 +300,7 @@ def photo_dataset(out_dir: str | os.PathLike, *, crops: int = 8, val_crops: int 
     return root
 
 
-def _split(root: Path):
+def split_folder(root: Path):
     """(train samples, val samples, classes) of an ImageFolder root (module docstring).
 
     Raises:
@@ -459,7 +460,7 @@ def train(config: TrainConfig, *, on_epoch=None, on_step=None, sets=None) -> dic
             if is_record_dir(root) or is_record_dir(root / "train"):
                 raise FileNotFoundError(f"{root}: holds record files, not class folders; give it as "
                                         f"--records {root} (records=)")
-        train_samples, val_samples, classes = _split(root)
+        train_samples, val_samples, classes = split_folder(root)
         return _run(config, device, dist, [(s.path, s.label) for s in train_samples],
                     [(s.path, s.label) for s in val_samples] or None, classes, on_epoch, on_step)
     finally:

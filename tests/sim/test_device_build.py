@@ -518,7 +518,7 @@ def test_the_cache_folder_is_absolute_and_an_unusable_one_is_one_line(tmp_path, 
     assert cache_root() == tmp_path / "relative" and cache_root().is_dir()
     monkeypatch.setenv("DLBOOSTER_CACHE", "~/elsewhere")
     assert cache_root() == tmp_path / "home" / "elsewhere"
-    from dlbooster.predict.planner import profile_dir
+    from dlbooster.predict.profiles import profile_dir
 
     assert profile_dir() == tmp_path / "home" / "elsewhere" / "profiles"   # the same folder
     monkeypatch.setenv("DLBOOSTER_CACHE", "")
@@ -656,3 +656,102 @@ def test_a_device_build_says_so_before_its_minutes_of_silence(tmp_path, monkeypa
     monkeypatch.setattr(simdev, "profile_guided_available", lambda: False)
     simdev.build_device_library(lanes=2, max_width=64)
     assert len(builds) == 2 and builds[1]["train"] is None
+
+
+#: The device tests' build (tests/sim/test_device_sim.py): the fallback's test shares its
+#: normal build with them.
+_WIDTH = 256
+
+
+def _decode_all(transport, files: dict[str, bytes]) -> tuple[list, int, dict[str, int]]:
+    """``files`` decoded through the host driver on ``transport`` (reset first) under
+    memory gaps and latency with the gate check on: the outcomes, the clocks the batch
+    took, and the counters after it."""
+    from dlbooster import jpeg
+    from dlbooster.device.driver import DecoderDevice
+    from dlbooster.sim.device import PortBehaviour
+
+    frames = [jpeg.parse(data).frame for data in files.values()]
+    device = DecoderDevice(transport)
+    device.reset()
+    transport.set_port(PortBehaviour(ready_percent=70, latency=9, seed=3))
+    transport.check_gates()
+    before = transport.counters()
+    try:
+        outcomes = device.decode_batch([(data, 3 * frame.width * frame.height)
+                                        for data, frame in zip(files.values(), frames)])
+    finally:
+        transport.check_gates(False)
+        transport.set_port(PortBehaviour())
+    after = transport.counters()
+    return outcomes, after["clocks"] - before["clocks"], {k: after[k] - before[k] for k in after}
+
+
+@pytest.mark.skipif(not simulator_available("verilator"), reason="verilator not installed")
+def test_a_device_one_evaluation_per_clock_does_not_know_builds_clocked_the_ordinary_way(monkeypatch, caplog):
+    """Where one_evaluation_per_clock does not know the device's Verilog (forced here),
+    the build does not fail: one warning, and a library, cached apart from the normal
+    build, that simulates the flattened Verilog as it is, two edges per clock. It decodes
+    as the normal build does, completion for completion and clock for clock (the design
+    is the same), and as Pillow does."""
+    import logging
+
+    import dlbooster.sim.device as simdev
+    from dlbooster import jpeg
+    from dlbooster.sim.netlist import UnknownForm
+    from dlbooster.sim.verify import expectation
+
+    from jpegtools import gen, pillow_rgb
+
+    photo = gen(64, 48, subsampling=2, quality=90)
+    scan = jpeg.parse(photo).scans[0]
+    middle = (scan.data_start + scan.data_end) // 2
+    files = {"420": photo, "444": gen(48, 32, subsampling=0, quality=85),
+             "gray": gen(40, 24, subsampling="gray", quality=80),
+             "restarts": gen(64, 48, subsampling=2, quality=75, restart_blocks=2),
+             # Stuffed FF bytes: a run of 1 bits, which no Huffman code is.
+             "corrupt": photo[:middle] + b"\xff\x00" * 4 + photo[middle + 8:]}
+    assert sum(files["restarts"].count(bytes([0xFF, 0xD0 + n])) for n in range(8)) == 5
+    assert expectation(files["corrupt"], _WIDTH)[:2] == ("fault", "bad-huffman-code")
+
+    normal = simdev.build_device_library(lanes=1, max_width=_WIDTH)
+
+    def refuse(verilog, clock):
+        raise UnknownForm("one_evaluation_per_clock", "a form it was not written for")
+
+    monkeypatch.setattr(simdev, "one_evaluation_per_clock", refuse)
+    # The index is keyed by the sources, which this test leaves as they are: it would
+    # find the normal build again.
+    monkeypatch.setattr(simdev, "indexed_build", lambda root, key, build: build())
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="dlbooster"):
+        fallback = simdev.build_device_library(lanes=1, max_width=_WIDTH)
+    announced, warned = (r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING)
+    assert announced.startswith("building the simulated decoder device (1 lane(s), 256-pixel line buffers)")
+    assert warned == ("one_evaluation_per_clock: a form it was not written for; the simulation builds without one "
+                      "evaluation per clock: slower (two evaluations per clock, the same behaviour)")
+    assert fallback.parent != normal.parent
+    log = (fallback.parent / "build.log").read_text()
+    assert "-DDLB_GATES=0" in log and "-DDLB_ONE_EVALUATION=0" in log
+    assert "-DDLB_ONE_EVALUATION=1" in (normal.parent / "build.log").read_text()
+    assert "gate_open" not in (fallback.parent / "dlbooster_decoder.v").read_text()
+
+    runs = []
+    for library in (normal, fallback):
+        with simdev.SimTransport(library=library) as transport:
+            runs.append((transport.one_evaluation, *_decode_all(transport, files)))
+    (one_a, outcomes_a, clocks_a, counts_a), (one_b, outcomes_b, clocks_b, counts_b) = runs
+    assert (one_a, one_b) == (True, False)
+    assert clocks_a == clocks_b > 0
+    assert counts_a == counts_b
+    assert counts_b["violations"] == counts_b["early_reads"] == counts_b["unfinished"] == 0
+    for name, a, b in zip(files, outcomes_a, outcomes_b):
+        ca, cb = a.completion, b.completion
+        assert (ca.status, ca.width, ca.height, ca.bytes_written, ca.symbols, ca.clocks) == \
+            (cb.status, cb.width, cb.height, cb.bytes_written, cb.symbols, cb.clocks), name
+        if name == "corrupt":
+            assert cb.status != 0 and b.image is None and a.image is None
+        else:
+            reference, _ = pillow_rgb(files[name])
+            assert cb.status == 0 and b.image.shape == reference.shape and (b.image == reference).all(), name
+            assert (a.image == b.image).all(), name

@@ -484,9 +484,7 @@ def test_a_form_one_evaluation_per_clock_does_not_know_is_kept_with_one_warning(
 
 def test_the_device_build_keeps_its_verilog_unsunk_where_the_sinking_does_not_know_its_form(monkeypatch, caplog):
     """The simulated device's Verilog (:func:`dlbooster.sim.device.device_verilog`) where
-    sink_into_enables does not apply: one evaluation per clock, not sunk, one warning. A
-    form that one_evaluation_per_clock does not know fails the build: the device's
-    harness simulates only its output."""
+    sink_into_enables does not apply: one evaluation per clock, not sunk, one warning."""
     from dlbooster.sim import device
 
     flat = _module(_SHARED + _UNCUT["begin in a comment"][0], {"a": 16, "b": 16}).replace("clk", "ap_clk")
@@ -494,11 +492,30 @@ def test_the_device_build_keeps_its_verilog_unsunk_where_the_sinking_does_not_kn
     once, gates = one_evaluation_per_clock(flat, "ap_clk")
     assert "always @(posedge ap_clk or negedge ap_clk)" in once and gates == 0
     with caplog.at_level(logging.WARNING, logger="dlbooster.sim"):
-        assert device.device_verilog({"lanes": 1, "max_width": 64}) == (once, 0)
+        assert device.device_verilog({"lanes": 1, "max_width": 64}) == (once, 0, True)
     (warning,) = caplog.records
     assert warning.getMessage().startswith(
         "sink_into_enables: line 20 opens a block (it ends in begin) that no line end closes; ")
-    falling = _module("  always @(negedge clk)\n    a <= x;\n", {"a": 16}).replace("clk", "ap_clk")
+
+
+def test_the_device_build_keeps_its_flattened_verilog_where_one_evaluation_per_clock_does_not_know_its_form(
+        monkeypatch, caplog):
+    """Where one_evaluation_per_clock does not know the device's Verilog (here a
+    falling-edge register that is no gate's enable): the flattened Verilog as it is, not
+    sunk either (sink_into_enables would move ``t`` here), no gates, and the ordinary
+    clocking; one warning names the pass, the reason and the cost. The device tests
+    (tests/sim/test_device_build.py) build and run such a device."""
+    from dlbooster.sim import device
+
+    outputs = {"a": 16, "b": 16, "c": 16}
+    falling = _module(_SHARED + "  always @(negedge clk)\n    c <= x;\n", outputs).replace("clk", "ap_clk")
+    assert sink_into_enables(falling)[1] == 1
     monkeypatch.setattr(device, "export_flat_verilog", lambda component, top: falling)
-    with pytest.raises(UnknownForm, match="^one_evaluation_per_clock: falling-edge register a of ap_clk"):
-        device.device_verilog({"lanes": 1, "max_width": 64})
+    with caplog.at_level(logging.WARNING, logger="dlbooster.sim"):
+        assert device.device_verilog({"lanes": 1, "max_width": 64}) == (falling, 0, False)
+    (warning,) = caplog.records
+    assert (warning.name, warning.levelno) == ("dlbooster.sim.device", logging.WARNING)
+    assert warning.getMessage() == (
+        "one_evaluation_per_clock: falling-edge register c of ap_clk is not a clock gate's enable (one register, "
+        "used once, as ap_clk & enable); the simulation builds without one evaluation per clock: slower (two "
+        "evaluations per clock, the same behaviour)")

@@ -1,4 +1,4 @@
-"""Iteration-time predictor (host/predict/planner.py, `dlbooster predict`): the recorded work of real
+"""Iteration-time predictor (host/predict/, `dlbooster predict`): the recorded work of real
 torchvision models against their known sizes, the timing model's arithmetic on hand-made
 work, calibration on this machine, and measured-vs-predicted on a small model. The
 accuracy validation over 8 CNNs is `dlbooster predict validate`, recorded in
@@ -15,8 +15,10 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("torchvision")
 
 from dlbooster.cli import main  # noqa: E402
-from dlbooster.predict.planner import (BUCKET, FIRST_BUCKET, Op, Profile, Workload, buckets, calibrate,  # noqa: E402
-                               load_profile, parse_decoder, predict, workload)
+from dlbooster.predict.calibration import calibrate  # noqa: E402
+from dlbooster.predict.model import BUCKET, FIRST_BUCKET, buckets, parse_decoder, predict  # noqa: E402
+from dlbooster.predict.profiles import Profile, load_profile  # noqa: E402
+from dlbooster.predict.work import Op, Workload, workload  # noqa: E402
 
 
 def test_resnet18_work_matches_its_published_size():
@@ -61,7 +63,7 @@ def test_unknown_model_is_rejected():
 def test_model_names_are_checked_as_train_checks_them(capsys):
     """torchvision.models' helpers (list_models, get_model) were called as builders (a
     TypeError traceback), and a segmentation model was said to be no torchvision model."""
-    from dlbooster.predict.planner import build_model
+    from dlbooster.predict.work import build_model
 
     for name in ("list_models", "get_model", "get_weight", "_utils"):
         with pytest.raises(ValueError) as exc:
@@ -272,18 +274,18 @@ def test_split_backward_adds_its_measured_cpu_overhead():
 
 
 def test_memory_tables_interpolate_in_log_log():
-    from dlbooster.predict.planner import _memory_time
+    from dlbooster.predict.profiles import memory_time
 
     table = [[1e3, 1e5, 1e7], [1e-6, 1e-5, 1e-3]]
-    assert _memory_time(table, 10) == 1e-6                       # below: the smallest time
-    assert _memory_time(table, 1e4) == pytest.approx(math.sqrt(1e-6 * 1e-5))
-    assert _memory_time(table, 1e6) == pytest.approx(1e-4)
-    assert _memory_time(table, 4e7) == pytest.approx(4e-3)       # above: bandwidth bound
-    assert _memory_time([2e-6, 1e9], 1e6) == pytest.approx(2e-6 + 1e-3)
+    assert memory_time(table, 10) == 1e-6                       # below: the smallest time
+    assert memory_time(table, 1e4) == pytest.approx(math.sqrt(1e-6 * 1e-5))
+    assert memory_time(table, 1e6) == pytest.approx(1e-4)
+    assert memory_time(table, 4e7) == pytest.approx(4e-3)       # above: bandwidth bound
+    assert memory_time([2e-6, 1e9], 1e6) == pytest.approx(2e-6 + 1e-3)
 
 
 def test_outputs_of_32_mib_and_more_are_fresh_allocations():
-    from dlbooster.predict.planner import FRESH_LIMIT
+    from dlbooster.predict.work import FRESH_LIMIT
 
     work = workload("vgg11", 8, image_size=64)
     fresh = [o for o in work.ops if o.fresh]
@@ -328,7 +330,7 @@ def test_recorded_fresh_bytes_match_the_page_faults_of_real_convolutions():
     code = (
         "import resource, torch\n"
         "from torch.utils._python_dispatch import TorchDispatchMode\n"
-        "from dlbooster.predict.planner import _record\n"
+        "from dlbooster.predict.work import record_op\n"
         "torch.set_num_threads(1)\n"
         "rows = []\n"
         "class Count(TorchDispatchMode):\n"
@@ -337,7 +339,7 @@ def test_recorded_fresh_bytes_match_the_page_faults_of_real_convolutions():
         "        out = func(*args, **(kwargs or {}))\n"
         "        faulted = (resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before) * resource.getpagesize()\n"
         "        if func.overloadpacket.__name__.startswith('convolution'):\n"
-        "            rec = _record(func, args, kwargs or {}, out, 'x')\n"
+        "            rec = record_op(func, args, kwargs or {}, out, 'x')\n"
         "            rows.append((sum(o.fresh for o in (rec if isinstance(rec, list) else [rec])), faulted))\n"
         "        return out\n"
         "x = torch.randn(8, 64, 128, 128, requires_grad=True)\n"
@@ -360,19 +362,20 @@ def test_recorded_fresh_bytes_match_the_page_faults_of_real_convolutions():
 
 
 def test_fitted_costs_never_beat_their_measured_peak():
-    from dlbooster.predict.planner import _cost, _fit_dims
+    from dlbooster.predict.calibration import fit_dims
+    from dlbooster.predict.profiles import op_cost
 
     # Times that grow as (M N K)^0.6: the fit extrapolates to ever higher rates.
     samples = [([m, 64, 64], 1e6, 1e-9 * (m * 64 * 64) ** 0.6) for m in (64, 256, 1024, 4096)]
-    spec = _fit_dims(samples)
+    spec = fit_dims(samples)
     assert spec["peak"] == pytest.approx(max(2 * m * 64 * 64 / t for (m, *_), _, t in samples))
     small = Op("forward", "mm", "gemm", 2.0 * 256 * 64 * 64, 1e6, dims=[256, 64, 64])
-    assert _cost(spec, small) == pytest.approx(1e-9 * (256 * 64 * 64) ** 0.6, rel=1e-6)
+    assert op_cost(spec, small) == pytest.approx(1e-9 * (256 * 64 * 64) ** 0.6, rel=1e-6)
     huge = Op("forward", "mm", "gemm", 2.0 * 2**24 * 64 * 64, 1e6, dims=[2**24, 64, 64])
-    assert _cost(spec, huge) == pytest.approx(huge.flops / spec["peak"])
+    assert op_cost(spec, huge) == pytest.approx(huge.flops / spec["peak"])
     # Profiles fitted before the peak was kept are not capped.
     uncapped = {"dims": spec["dims"]}
-    assert _cost(uncapped, huge) < _cost(spec, huge) / 10
+    assert op_cost(uncapped, huge) < op_cost(spec, huge) / 10
 
 
 def test_page_faults_are_charged_per_fresh_byte():
@@ -404,26 +407,28 @@ def test_step_factor_scales_every_operator_but_not_the_page_faults():
 def test_step_factor_is_the_geometric_mean_of_measured_over_priced_steps():
     """Against the real recorded reference models: a model measured at twice its priced
     step and one at half give 1; both at 1.3x give 1.3."""
-    from dlbooster.predict.planner import REFERENCE_MODELS, _kernel_time, _step_factor
+    from dlbooster.predict.calibration import step_factor
+    from dlbooster.predict.profiles import kernel_time
+    from dlbooster.predict.work import REFERENCE_MODELS
 
     profile = _profile(kind="cpu", fault=1e-9, conv={f"{k}:{c}": {"roof": [1e-6, 1e10, 1e11]}
                                                      for k in ("conv", "dgrad", "wgrad")
                                                      for c in ("k1", "k3", "kn", "dw", "group")})
     a, b = sorted(REFERENCE_MODELS)[:2]
-    priced = {m: sum(_kernel_time(profile, op) for op in workload(m, 2, image_size=64).ops) for m in (a, b)}
+    priced = {m: sum(kernel_time(profile, op) for op in workload(m, 2, image_size=64).ops) for m in (a, b)}
     assert all(t > 0 for t in priced.values())
-    assert _step_factor(profile, {a: [2, 64, 2 * priced[a]], b: [2, 64, priced[b] / 2]}) == pytest.approx(1.0)
-    assert _step_factor(profile, {a: [2, 64, 1.3 * priced[a]], b: [2, 64, 1.3 * priced[b]]}) == pytest.approx(1.3)
-    assert _step_factor(profile, {}) == 1.0
+    assert step_factor(profile, {a: [2, 64, 2 * priced[a]], b: [2, 64, priced[b] / 2]}) == pytest.approx(1.0)
+    assert step_factor(profile, {a: [2, 64, 1.3 * priced[a]], b: [2, 64, 1.3 * priced[b]]}) == pytest.approx(1.3)
+    assert step_factor(profile, {}) == 1.0
     # Several processes: the modelled all-reduce comes off the measured step first.
     pair = _profile(**{**profile.__dict__, "procs": 2})
     comm = {m: predict(workload(m, 2, image_size=64), pair, gpus=2)["iteration_s"] - priced[m] for m in (a, b)}
     assert min(comm.values()) > 0
-    assert _step_factor(pair, {m: [2, 64, 1.3 * priced[m] + comm[m]] for m in (a, b)}) == pytest.approx(1.3)
+    assert step_factor(pair, {m: [2, 64, 1.3 * priced[m] + comm[m]] for m in (a, b)}) == pytest.approx(1.3)
     # Held out from the models `dlbooster predict validate` measures by default.
-    from dlbooster.cli import _parser
+    from dlbooster.cli import parser
 
-    validated = _parser().parse_args(["predict", "validate"]).models.split(",")
+    validated = parser().parse_args(["predict", "validate"]).models.split(",")
     assert len(validated) == 8 and set(REFERENCE_MODELS).isdisjoint(validated)
 
 
@@ -435,7 +440,7 @@ def test_calibration_allocator_keeps_freed_memory():
 
     code = (
         "import resource, torch\n"
-        "from dlbooster.predict.planner import _keep_freed_memory\n"
+        "from dlbooster.predict.calibration import _keep_freed_memory\n"
         "def faults():\n"
         "    before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt\n"
         "    for _ in range(5):\n"
@@ -454,12 +459,12 @@ def test_calibration_allocator_keeps_freed_memory():
 def test_fault_cost_is_not_charged_where_kernels_include_it(monkeypatch):
     """Where the C library cannot keep freed memory, the kernels' timings include their
     page faults: the profile then charges none (not twice)."""
-    import dlbooster.predict.planner as P
+    import dlbooster.predict.calibration as P
 
     monkeypatch.setattr(P, "_time_kernels", lambda *args: {})
     for kept, charged in ((False, False), (True, True)):
         monkeypatch.setattr(P, "_keep_freed_memory", lambda kept=kept: kept)
-        assert (P._calibrate_kernels(1)["fault"] > 0) == charged
+        assert (P.calibrate_kernels(1)["fault"] > 0) == charged
 
 
 def test_gpu_optimizer_is_recorded_as_multi_tensor_kernels():
@@ -656,11 +661,12 @@ def test_cli_refuses_an_unusable_json_target_before_working(tmp_path, monkeypatc
     """--json naming a folder, a path that cannot be made or an empty path gave a
     traceback after the work (the empty one: nothing written, exit 0)."""
     import dlbooster.bench.predict
-    import dlbooster.predict.planner
+    import dlbooster.predict.calibration
+    import dlbooster.predict.work
 
     (tmp_path / "afile").write_text("")
     target, message = target.format(tmp=tmp_path), message.format(tmp=tmp_path)
-    for module, name in ((dlbooster.predict.planner, "workload"), (dlbooster.bench.predict, "validate")):
+    for module, name in ((dlbooster.predict.work, "workload"), (dlbooster.bench.predict, "validate")):
         monkeypatch.setattr(module, name, lambda *a, **k: pytest.fail("worked before the refusal"))
     for argv in (["--device", "a100"], ["validate"]):
         assert main(["predict", *argv, "--json", target]) == 2
@@ -670,9 +676,9 @@ def test_cli_refuses_an_unusable_json_target_before_working(tmp_path, monkeypatc
 
 def test_cli_calibrate_refuses_an_unusable_out_before_measuring(tmp_path, monkeypatch, capsys):
     """calibrate --out naming a folder ran for minutes, then crashed and lost the profile."""
-    import dlbooster.predict.planner
+    import dlbooster.predict.calibration
 
-    monkeypatch.setattr(dlbooster.predict.planner, "calibrate", lambda **k: pytest.fail("calibrated before the refusal"))
+    monkeypatch.setattr(dlbooster.predict.calibration, "calibrate", lambda **k: pytest.fail("calibrated before the refusal"))
     (tmp_path / "afile").write_text("")
     for target, message in ((str(tmp_path), f"--out {tmp_path}: a folder; give a file name"),
                             ("", "--out: an empty path; give a file name"),
@@ -688,7 +694,7 @@ def test_cli_calibrate_refuses_an_unusable_out_before_measuring(tmp_path, monkey
     assert capsys.readouterr().err.startswith(f"dlbooster predict: profile {tmp_path / 'cache'}/profiles/cpu-p1.json: "
                                               f"cannot make the folder")
     # A missing folder is still made for the profile, as before.
-    monkeypatch.setattr(dlbooster.predict.planner, "calibrate", lambda **k: _profile(kind="cpu"))
+    monkeypatch.setattr(dlbooster.predict.calibration, "calibrate", lambda **k: _profile(kind="cpu"))
     assert main(["predict", "calibrate", "--quick", "--out", str(tmp_path / "new" / "p.json")]) == 0
     assert load_profile(str(tmp_path / "new" / "p.json")) == _profile(kind="cpu")
 
@@ -697,8 +703,8 @@ def test_cli_calibrate_refuses_an_unusable_out_before_measuring(tmp_path, monkey
 def test_a_write_that_fails_at_the_end_is_one_line_and_loses_nothing(monkeypatch, capsys):
     """/dev/full can be opened but not written: a traceback after the work (ENOSPC)."""
     import dlbooster.bench.predict
-    import dlbooster.predict.planner
-    from dlbooster.predict.planner import profile_from_json
+    import dlbooster.predict.calibration
+    from dlbooster.predict.profiles import profile_from_json
 
     assert main(["predict", "--device", "a100", "--model", "resnet18", "--json", "/dev/full"]) == 1
     out, err = capsys.readouterr()
@@ -714,7 +720,7 @@ def test_a_write_that_fails_at_the_end_is_one_line_and_loses_nothing(monkeypatch
     assert "0.500" in out and "0.600" in out and "20.0" in out   # the measurements are not lost
     # calibrate: the measured profile is printed rather than lost.
     profile = _profile(kind="cpu")
-    monkeypatch.setattr(dlbooster.predict.planner, "calibrate", lambda **k: profile)
+    monkeypatch.setattr(dlbooster.predict.calibration, "calibrate", lambda **k: profile)
     assert main(["predict", "calibrate", "--out", "/dev/full"]) == 1
     out, err = capsys.readouterr()
     assert profile_from_json(json.loads(out)) == profile

@@ -455,7 +455,7 @@ def test_a_record_file_changed_after_opening_is_reported(written, tmp_path):
     third = R.RecordFile(folder / sorted(rec.glob("*.pcr"))[2].name)
     victim, before = Path(third.path), os.stat(third.path)
     data = bytearray(victim.read_bytes())
-    data[R._HEADER.size + 20] ^= 0x01                # in the metadata: the header differs
+    data[R.HEADER.size + 20] ^= 0x01                # in the metadata: the header differs
     _past_the_clock_tick(before)
     with open(victim, "r+b") as f:
         f.write(data)
@@ -823,14 +823,14 @@ def test_records_write_refusals_and_interruption(tmp_path, monkeypatch):
 def test_a_train_folder_alone_is_written_with_its_own_classes(tmp_path):
     """`records write` took a source with train/ and no val/ as one class named "train"
     (every label 0), where `train` reads the classes inside train/."""
-    from dlbooster.train.trainer import _split, record_sets
+    from dlbooster.train.trainer import split_folder, record_sets
 
     src = tmp_path / "data"
     _folder(src / "train")
     code, out, err = _cli("records", "write", str(src), str(tmp_path / "out"))
     assert code == 0 and out.startswith(f"{tmp_path / 'out' / 'train'}: {len(VARIANTS)} images"), (out, err)
     train_set, val_set = record_sets(tmp_path / "out")
-    assert val_set is None and train_set.classes == ["class0", "class1"] == _split(src)[2]
+    assert val_set is None and train_set.classes == ["class0", "class1"] == split_folder(src)[2]
     assert train_set.labels() == [s.label for s in R.source_classes(src / "train")[0]]
 
 
@@ -1109,14 +1109,14 @@ def test_an_interrupt_as_the_write_releases_its_lock_leaves_no_record_file(tmp_p
     the report, could not remove it). The interrupt is raised where the lock is released."""
     import contextlib
 
-    real = R._exclusive
+    real = R.exclusive_lock
 
     @contextlib.contextmanager
     def interrupted_on_release(out):
         with real(out):
             yield
         raise KeyboardInterrupt
-    monkeypatch.setattr(R, "_exclusive", interrupted_on_release)
+    monkeypatch.setattr(R, "exclusive_lock", interrupted_on_release)
     src = _folder(tmp_path / "src")
     with pytest.raises(KeyboardInterrupt):
         R.write_records(src, tmp_path / "out", images_per_record=2)

@@ -154,7 +154,7 @@ def test_padding_beyond_the_memory_available_raises_naming_the_inputs(tmp_path, 
 
     wide = write(tmp_path / "a" / "wide.jpg", make_jpeg(20000, 1))
     tall = write(tmp_path / "a" / "tall.jpg", make_jpeg(1, 20000))
-    monkeypatch.setattr(transforms, "_available_memory", lambda: 64 << 20)
+    monkeypatch.setattr(transforms, "available_memory", lambda: 64 << 20)
     with make_loader([(str(wide), 0), (str(tall), 1)], 2, backend="cpu") as loader:
         with pytest.raises(MemoryError, match=r"batch 0: padding 2 images to 20000x20000 needs 2\.2 GiB.*"
                                               f"the tallest image is {re.escape(str(tall))}, "

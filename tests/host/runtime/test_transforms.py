@@ -375,7 +375,7 @@ def test_pad_batch_refuses_padding_beyond_the_memory_available_before_allocating
     comes. The limit is the system's available memory, replaced here by 1 GiB."""
     import dlbooster.runtime.transforms as transforms
 
-    monkeypatch.setattr(transforms, "_available_memory", lambda: 1 << 30)
+    monkeypatch.setattr(transforms, "available_memory", lambda: 1 << 30)
     images = [torch.ones(3, 65500, 1, dtype=torch.uint8), torch.ones(3, 1, 65500, dtype=torch.uint8)]
     allocations = []
     monkeypatch.setattr(torch.Tensor, "new_zeros", lambda *a, **k: allocations.append(a))
@@ -386,28 +386,28 @@ def test_pad_batch_refuses_padding_beyond_the_memory_available_before_allocating
     # The bound is exact; batches of up to 64 MiB are not checked (no file read each).
     images = [torch.ones(3, 4096, 2, dtype=torch.uint8), torch.ones(3, 2, 4096, dtype=torch.uint8)]
     need = 2 * 4096 * 4096 * 3
-    monkeypatch.setattr(transforms, "_available_memory", lambda: need - 1)
+    monkeypatch.setattr(transforms, "available_memory", lambda: need - 1)
     with pytest.raises(MemoryError, match="needs 0.1 GiB"):
         pad_batch(images)
-    monkeypatch.setattr(transforms, "_available_memory", lambda: need)
+    monkeypatch.setattr(transforms, "available_memory", lambda: need)
     assert pad_batch(images)[0].shape == (2, 3, 4096, 4096)
-    monkeypatch.setattr(transforms, "_available_memory", lambda: 0)
+    monkeypatch.setattr(transforms, "available_memory", lambda: 0)
     assert pad_batch(images_of([(5, 7), (9, 3)], seed=3))[0].shape == (2, 3, 9, 7)
 
 
 @pytest.mark.skipif(not os.path.exists("/proc/meminfo"), reason="no /proc/meminfo")
 def test_available_memory_is_at_most_memavailable():
-    from dlbooster.runtime.transforms import _available_memory
+    from dlbooster.runtime.transforms import available_memory
 
     with open("/proc/meminfo") as f:
         line = next(line for line in f if line.startswith("MemAvailable:"))
-    assert 0 < _available_memory() <= int(line.split()[1]) * 1024 + (1 << 30)
+    assert 0 < available_memory() <= int(line.split()[1]) * 1024 + (1 << 30)
 
 
 def test_available_memory_takes_the_tightest_cgroup_limit(tmp_path):
     """A container's limit is not in MemAvailable: the headroom of every memory cgroup
     limit on the process's path counts, v2 and v1 ("max" and v1's ~2^63 mean none)."""
-    from dlbooster.runtime.transforms import _available_memory
+    from dlbooster.runtime.transforms import available_memory
 
     gib = 1 << 30
 
@@ -421,7 +421,7 @@ def test_available_memory_takes_the_tightest_cgroup_limit(tmp_path):
         for name, text in files.items():
             (cg / name).parent.mkdir(parents=True, exist_ok=True)
             (cg / name).write_text(text)
-        return _available_memory(str(proc), str(cg))
+        return available_memory(str(proc), str(cg))
 
     assert tree("0::/\n", {}) == 8 * gib
     assert tree("0::/a/b\n", {"a/b/memory.max": "max\n", "a/b/memory.current": "1\n",
@@ -431,7 +431,7 @@ def test_available_memory_takes_the_tightest_cgroup_limit(tmp_path):
                                         "memory/memory.limit_in_bytes": f"{gib}\n",
                                         "memory/memory.usage_in_bytes": f"{gib // 4}\n"}) == 3 * gib // 4
     assert tree("0::/a\n", {"a/memory.max": f"{gib}\n", "a/memory.current": f"{2 * gib}\n"}) == 0
-    assert _available_memory(str(tmp_path / "none"), str(tmp_path / "none")) is None
+    assert available_memory(str(tmp_path / "none"), str(tmp_path / "none")) is None
 
 
 # --- bad inputs ---------------------------------------------------------------------
