@@ -21,6 +21,7 @@ import fcntl
 import functools
 import hashlib
 import importlib.metadata
+import importlib.resources
 import logging
 import os
 import re
@@ -519,8 +520,6 @@ def lint_verilog(path: Path, top: str) -> tuple[int, str]:
 
 def _waiver_file() -> Path:
     """The waiver file, from the source tree or the installed package."""
-    import importlib.resources
-
     return Path(str(importlib.resources.files("dlbooster.hw") / "device.vlt"))
 
 

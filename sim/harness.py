@@ -17,6 +17,9 @@ from pathlib import Path
 
 import numpy as np
 
+from dlbooster import jpeg
+from dlbooster.jpeg import ZIGZAG, model
+
 from .flow import SPEED_CONFIG, build_verilated, cache_root, make_folder, toolchain_env
 from .netlist import export_flat_verilog
 
@@ -126,8 +129,6 @@ class _Process:
 def _coef_beats(blocks: np.ndarray, comps: np.ndarray) -> tuple[dict, np.ndarray]:
     """CoefBeat fields of many blocks at once, as :func:`dlbooster.hw.idct.block_beats`
     gives them one block at a time; also the index of each block's last beat."""
-    from dlbooster.jpeg import ZIGZAG
-
     n = len(blocks)
     zz = blocks[:, ZIGZAG].astype(np.int64)
     present = np.zeros((n, 65), dtype=bool)
@@ -197,8 +198,6 @@ class EntropyHarness(_Process):
             ready_percent: probability (%) that the coefficient output is ready in a clock.
             seed: seed of the output back-pressure pattern.
         """
-        from dlbooster import jpeg
-
         tables, scan, stream = _scan_job(data, info or jpeg.parse(data))
         job = tables + scan + stream + struct.pack("<II", ready_percent, seed)
         self.proc.stdin.write(job)
@@ -401,8 +400,6 @@ class ChainHarness(_Process):
             ready_percent: probability (%) that an output row is taken in a clock.
             seed: seed of that pattern.
         """
-        from dlbooster import jpeg
-        from dlbooster.jpeg import model
         from dlbooster.hw.idct import QuantWrite, quant_writes
 
         info = info or jpeg.parse(data)

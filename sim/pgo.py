@@ -26,6 +26,8 @@ import sys
 import numpy as np
 from PIL import Image, ImageFilter
 
+from dlbooster.backends import decode_pillow
+
 __all__ = ["workload", "main"]
 
 
@@ -72,8 +74,8 @@ def main(argv: list[str] | None = None) -> int:
     width the device reports. Prints one line: the images, how many the device decoded
     and how many of those differ from Pillow's decode, or the device's failure (a
     profile of a run cut short still serves; the tests judge the device). Returns 0."""
-    from dlbooster.backends import decode_pillow
     from dlbooster.device.driver import DecoderDevice, DeviceError
+
     from .device import SimTransport
 
     (library,) = sys.argv[1:] if argv is None else argv

@@ -39,6 +39,11 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from dlbooster import jpeg
+from dlbooster.backends import decode_pillow
+from dlbooster.errors import DecodeError, FallbackError, Malformed
+from dlbooster.jpeg import model
+
 from .harness import TIMEOUT, LaneResult
 
 __all__ = ["Verdict", "cycle_bound", "expectation", "padded_blocks",
@@ -97,11 +102,6 @@ class Verdict:
 def expectation(data: bytes, max_width: int) -> tuple[str, str | None, np.ndarray | None, object]:
     """``(expect, reason, pillow_rgb or None, info)`` for one file (module doc; ``info``
     is :func:`dlbooster.jpeg.parse`'s result)."""
-    from dlbooster import jpeg
-    from dlbooster.jpeg import model
-    from dlbooster.backends import decode_pillow
-    from dlbooster.errors import DecodeError, Malformed
-
     info = jpeg.parse(data)
     reason = jpeg.classify(info, max_width=max_width)
     if reason is not None:
@@ -189,9 +189,6 @@ def stage_differences(data: bytes, coef_beats: list[int], row_beats: list[int],
         order, naming the first differing block or pixel; empty when every stage agrees
         or the model does not decode the file (nothing to compare).
     """
-    from dlbooster import jpeg
-    from dlbooster.jpeg import model
-    from dlbooster.errors import FallbackError
     from dlbooster.hw.color import ycbcr_pixels
     from dlbooster.hw.entropy import CoefBeat
     from dlbooster.hw.idct import block_rows

@@ -32,11 +32,18 @@ Inputs default to the ImageNet sample photos of the shared corpus
 """
 
 from __future__ import annotations
+
 import statistics
 import time
 from collections import Counter
 
+import numpy as np
+
+from dlbooster import jpeg
+from dlbooster.backends import CpuBackend, ModelBackend, decode_pillow
 from dlbooster.bench.common import Refused, by_subsampling, machine
+from dlbooster.errors import DlboosterError, Malformed
+from dlbooster.jpeg import classify, ieee1180, model, parse
 
 __all__ = ["bench_parse", "bench_decode", "bench_entropy", "bench_idct", "bench_lane", "bench_device"]
 
@@ -45,8 +52,6 @@ def bench_parse(files: list[tuple[str, bytes]], repeat: int) -> dict:
     """Best-of-``repeat`` microseconds per file for two uses of the parser: the full
     structure parse (every marker, the entropy-coded segments scanned for RSTn and
     their end) and the runtime's pre-screen (``headers_only``: up to the first SOS)."""
-    from dlbooster.jpeg import classify, parse
-
     def best_us(data: bytes, headers_only: bool) -> float:
         best = float("inf")
         for _ in range(repeat):
@@ -73,9 +78,6 @@ def bench_parse(files: list[tuple[str, bytes]], repeat: int) -> dict:
 
 
 def bench_decode(files: list[tuple[str, bytes]], backends: list[str]) -> dict:
-    from dlbooster.backends import CpuBackend, ModelBackend, decode_pillow
-    from dlbooster.errors import DlboosterError
-
     decoders = {"pillow": decode_pillow, "cpu": CpuBackend().decode, "model": ModelBackend().decode}
     timed: dict[str, dict[int, tuple[float, int]]] = {}
     shared = set(range(len(files)))
@@ -114,12 +116,6 @@ def bench_decode(files: list[tuple[str, bytes]], backends: list[str]) -> dict:
 
 
 def bench_entropy(files: list[tuple[str, bytes]], ready_percent: int) -> dict:
-    import numpy as np
-
-    from dlbooster import jpeg
-
-    from dlbooster.jpeg import model
-    from dlbooster.errors import Malformed
     from dlbooster.sim.harness import EntropyHarness, blocks_from_beats
 
     rows = []
@@ -179,11 +175,6 @@ def bench_entropy(files: list[tuple[str, bytes]], ready_percent: int) -> dict:
 
 
 def bench_idct(files: list[tuple[str, bytes]], lanes_list: list[int], ieee_blocks: int) -> dict:
-    import numpy as np
-
-    from dlbooster.jpeg import ieee1180, model
-
-    from dlbooster import jpeg
     from dlbooster.sim.harness import ChainHarness, EntropyHarness, IdctHarness
 
     hw_files = []
@@ -261,7 +252,6 @@ def bench_idct(files: list[tuple[str, bytes]], lanes_list: list[int], ieee_block
 
 
 def bench_lane(files: list[tuple[str, bytes]], max_width: int, every_file: bool = False) -> dict:
-    from dlbooster import jpeg
     from dlbooster.sim.harness import LaneHarness
     from dlbooster.sim.verify import verify_lane
 
@@ -322,8 +312,6 @@ def bench_device(files: list[tuple[str, bytes]], lanes_list: list[int], max_widt
     """The hardware-decodable files (pre-screen and classify pass) through the simulated
     device, all queued at once, per lane count; ``clock_gating`` False builds the device
     without the simulation's clock gates (:class:`dlbooster.sim.device.SimTransport`)."""
-    from dlbooster import jpeg
-    from dlbooster.backends import decode_pillow
     from dlbooster.device.driver import DecoderDevice
     from dlbooster.sim.device import SimTransport
 

@@ -17,8 +17,10 @@ from __future__ import annotations
 import os
 import statistics
 
-from dlbooster.predict.work import REFERENCE_MODELS, build_model
 from dlbooster.predict.calibration import run_ranks, time_steps
+from dlbooster.predict.model import predict
+from dlbooster.predict.profiles import load_profile
+from dlbooster.predict.work import REFERENCE_MODELS, build_model, workload
 
 __all__ = ["measure_iteration", "validate"]
 
@@ -88,10 +90,6 @@ def validate(models, batch_sizes, *, procs=(1, 2), image_size: int = 128, iterat
     Raises:
         FileNotFoundError: a profile is missing (``dlbooster predict calibrate --procs N``).
     """
-    from dlbooster.predict.profiles import load_profile
-    from dlbooster.predict.model import predict
-    from dlbooster.predict.work import workload
-
     gpu = device != "cpu"
     if gpu:
         procs = (1,)

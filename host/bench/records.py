@@ -18,11 +18,14 @@ Per data set (ImageFolder roots; the hymenoptera layout counts its train/ and va
 from __future__ import annotations
 
 import os
-import statistics
 import re
+import statistics
 import tempfile
 import time
 from pathlib import Path
+
+from dlbooster.runtime.loader import Loader
+from dlbooster.runtime.sources import image_folder
 
 __all__ = ["bench_records", "dataset_roots"]
 
@@ -57,8 +60,6 @@ def dataset_files(path: str | os.PathLike) -> list[str]:
         OSError: as :func:`dlbooster.runtime.sources.image_folder` (no class folder, a class
             folder without images, an unreadable folder).
     """
-    from dlbooster.runtime.sources import image_folder
-
     roots, files = _layout(path)
     return files if files is not None else [s.path for root in roots for s in image_folder(root)[0]]
 
@@ -100,8 +101,6 @@ def _throughput(fn, paths: list[str], cold: bool, images: int) -> dict:
 
 
 def _loader_rate(source, fidelity, batch_size: int, epochs: int, workers: int) -> dict:
-    from dlbooster.runtime.loader import Loader
-
     with Loader(source, batch_size, backend="cpu", shuffle=True, seed=0, cpu_workers=workers,
                 fidelity=fidelity) as loader:
         for _ in loader:                                     # warm-up epoch
@@ -138,7 +137,6 @@ def bench_records(datasets: list[str], *, fidelities: list[int] | None = None, r
         ``loader`` (images/s per reader); and ``training`` (runs) when asked.
     """
     from dlbooster.records.pcr import RecordError, RecordSet, info, write_records
-    from dlbooster.runtime.sources import image_folder
 
     out = {"datasets": [], "training": []}
     with tempfile.TemporaryDirectory(prefix="dlbooster-records-") as tmp:

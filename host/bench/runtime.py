@@ -25,10 +25,17 @@ from __future__ import annotations
 import signal
 import statistics
 import tempfile
+import threading
 import time
 from pathlib import Path
 
+import numpy as np
+
+from dlbooster import jpeg
+from dlbooster.backends import CpuBackend, decode_pillow
 from dlbooster.bench.common import Refused, image_folder_links
+from dlbooster.errors import DecodeError, DlboosterError
+from dlbooster.runtime.loader import Loader
 
 __all__ = ["bench_host", "bench_loader"]
 
@@ -59,10 +66,7 @@ def host_loader(files: list[tuple[str, bytes]], *, batch_size: int = 64, lanes: 
     Raises:
         ValueError: no input decodes.
     """
-    from dlbooster.backends import CpuBackend
-    from dlbooster.errors import DecodeError
     from dlbooster.device.instant import InstantBackend, InstantTransport
-    from dlbooster.runtime.loader import Loader
 
     transport = InstantTransport(lanes=lanes, pixels=pixels)
     cpu = CpuBackend()
@@ -116,8 +120,6 @@ def bench_host(files: list[tuple[str, bytes]], *, batch_size: int = 64, epochs: 
     Raises:
         ValueError: ``epochs`` below 1; no input decodes.
     """
-    import numpy as np
-
     if epochs < 1:
         raise ValueError(f"epochs must be at least 1, not {epochs}")
     loader, transport = host_loader(files, batch_size=batch_size, lanes=lanes, cpu_workers=cpu_workers)
@@ -179,8 +181,6 @@ def _thread_cpu() -> dict[str, float]:
     """CPU seconds (kernel included) of each live thread by name: where the host's time
     goes (the iterating thread, each device's dispatcher; the instrument's work and the
     file reads run on the dispatchers)."""
-    import threading
-
     out = {}
     for thread in threading.enumerate():
         try:
@@ -194,8 +194,6 @@ def _context_switches() -> dict[str, int]:
     """Context switches so far (voluntary and not) of each live thread by name, from
     ``/proc/self/task/TID/status`` (Linux; empty elsewhere): a thread hand-off the
     instrument's copies might add shows here."""
-    import threading
-
     out = {}
     for thread in threading.enumerate():
         try:
@@ -208,8 +206,6 @@ def _context_switches() -> dict[str, int]:
 
 def _time_prescreen(files: list[tuple[str, bytes]]) -> float:
     """Microseconds per file of the pre-screen the service runs for a device backend."""
-    from dlbooster import jpeg
-
     start = time.process_time()
     for _, data in files:
         jpeg.classify(jpeg.parse(data, headers_only=True))
@@ -243,11 +239,9 @@ def bench_loader(files: list[tuple[str, bytes]], *, batch_size: int = 32, epochs
     """
     import torch
     from torch.utils.data import DataLoader
-    from torchvision import datasets, transforms as T
+    from torchvision import datasets
+    from torchvision import transforms as T
 
-    from dlbooster.backends import decode_pillow
-    from dlbooster.errors import DlboosterError
-    from dlbooster.runtime.loader import Loader
     from dlbooster.runtime.transforms import train_transform
 
     usable, left_out = [], []
@@ -311,8 +305,6 @@ def bench_loader(files: list[tuple[str, bytes]], *, batch_size: int = 32, epochs
 
 
 def _bench_sim(files: list[tuple[str, bytes]], lanes: int, batch_size: int, max_width: int) -> dict:
-    from dlbooster.runtime.loader import Loader
-
     source = [(path, 0) for path, _ in files]
     loader = Loader(source, batch_size, backend="sim", shuffle=False,
                     backend_options={"lanes": lanes, "max_width": max_width})

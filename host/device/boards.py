@@ -28,6 +28,7 @@ from __future__ import annotations
 import re
 import struct
 import time
+import xml.etree.ElementTree as ET
 from pathlib import Path
 
 import numpy as np
@@ -434,8 +435,6 @@ def hwh_info(path: str | Path) -> dict:
     Raises:
         BoardError: the file is not well-formed XML; OSError from reading passes through.
     """
-    import xml.etree.ElementTree as ET
-
     try:
         root = ET.parse(path).getroot()
     except ET.ParseError as exc:

@@ -26,7 +26,9 @@ docs/device.md, cannot hold its length).
 from __future__ import annotations
 
 import functools
+import math
 import re
+import struct
 import warnings
 from dataclasses import dataclass, field
 
@@ -486,8 +488,6 @@ def pillow_header_error(info: JpegInfo) -> str | None:
         return info.pillow_error
     if info.exif is None or info.pillow_dpi:
         return None
-    import math
-    import struct
 
     from PIL import Image
 

@@ -4,13 +4,23 @@ between local processes, and the reference models' step factor (:func:`calibrate
 
 from __future__ import annotations
 
+import datetime
+import io
 import math
 import os
+import platform
+import queue as queues
+import socket
+import statistics
 import time
+from dataclasses import replace
 
-from dlbooster.predict.work import REFERENCE_MODELS, build_model, record_op, workload
-from dlbooster.predict.profiles import HOST_US_PER_IMAGE, Profile, kernel_time
+import numpy as np
+
+from dlbooster.backends import decode
 from dlbooster.predict.model import predict
+from dlbooster.predict.profiles import HOST_US_PER_IMAGE, Profile, kernel_time
+from dlbooster.predict.work import REFERENCE_MODELS, build_model, record_op, workload
 
 __all__ = ["time_steps", "step_factor", "fit_dims", "calibrate_kernels", "run_ranks", "calibrate"]
 
@@ -50,8 +60,6 @@ def _reference_steps(device: str, sync, parallel: bool = False) -> dict:
     one of several ranks of a process group, and the model is wrapped in
     ``DistributedDataParallel``, whose gradient all-reduce keeps the ranks in step, so
     that their kernels meet in the caches and memory as data-parallel training's do."""
-    import statistics
-
     import torch
 
     steps = {}
@@ -75,7 +83,6 @@ def step_factor(profile: Profile, steps: dict) -> float:
     measured step first for a profile of several processes; 1 without ``steps``."""
     if not steps:
         return 1.0
-    from dataclasses import replace
 
     plain = replace(profile, step_factor=1.0, fault=0.0)
     logs = []
@@ -148,8 +155,6 @@ def fit_dims(samples: list) -> dict:
     """Least squares of ``log t`` on ``1, log M, log N, log K, log bytes`` over
     ``((M, N, K), bytes, t)`` samples, and the highest rate measured (``peak``,
     ``2 M N K / t`` flops/s)."""
-    import numpy as np
-
     a = np.array([[1.0, *(math.log(v) for v in dims), math.log(b)] for dims, b, _ in samples])
     y = np.array([math.log(t) for _, _, t in samples])
     coef, *_ = np.linalg.lstsq(a, y, rcond=None)
@@ -159,8 +164,6 @@ def fit_dims(samples: list) -> dict:
 
 def _fit_linear(samples: list) -> list:
     """``t = t0 + bytes / bw`` over (bytes, t), weighted for relative error; t0, bw >= 0."""
-    import numpy as np
-
     b = np.array([s[0] for s in samples], dtype=float)
     t = np.array([s[1] for s in samples], dtype=float)
     w = 1.0 / t
@@ -309,7 +312,6 @@ def calibrate_kernels(threads: int, *, seed: int = 0, per_class: int = 32, quick
 def _time_kernels(seed: int, per_class: int, quick: bool, sync, wait) -> dict:
     """The kernel timings of :func:`calibrate_kernels` on the default device; ``sync``
     lines the ranks up before each timing, ``wait`` finishes queued device work."""
-    import numpy as np
     import torch
 
     rng = np.random.default_rng(seed)
@@ -401,9 +403,6 @@ def run_ranks(target, procs: int, *args, timeout: float = 3600.0):
         RuntimeError: a rank exited with an error, or no result came within ``timeout``
             seconds (the ranks are then terminated).
     """
-    import queue as queues
-    import socket
-
     import torch.multiprocessing as mp
 
     with socket.socket() as s:
@@ -476,12 +475,8 @@ def _calibrate_alone(rank: int, procs: int, port: int, queue, threads: int, quic
 def _decode_per_core() -> float:
     """JPEG decodes per second on one core through the CPU path: a scikit-image photograph
     scaled to the ImageNet samples' mean size and saved at quality 90, 4:2:0."""
-    import io
-
-    import numpy as np
     from PIL import Image
 
-    from dlbooster.backends import decode
 
     try:
         from skimage import data as photos
@@ -521,9 +516,6 @@ def calibrate(*, procs: int = 1, threads: int | None = None, quick: bool = False
     Raises:
         ValueError: ``procs > 1`` on a GPU; RuntimeError: no CUDA device.
     """
-    import datetime
-    import platform
-
     cores = os.cpu_count() or 1
     threads = threads or max(1, cores // procs)
     when = f"{datetime.date.today().isoformat()}{' (quick)' if quick else ''}"

@@ -4,6 +4,7 @@ calibrated profiles saved under :func:`profile_dir`."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import os
@@ -220,8 +221,6 @@ def profile_from_json(raw: object) -> Profile:
     Raises:
         ValueError: what is wrong, naming the field.
     """
-    import dataclasses
-
     if not isinstance(raw, dict):
         raise ValueError(f"a JSON object is needed, not {type(raw).__name__}")
     fields = {f.name: f for f in dataclasses.fields(Profile)}

@@ -13,6 +13,8 @@ from __future__ import annotations
 import copy
 from dataclasses import dataclass, field
 
+from dlbooster.runtime.loader import Loader
+
 __all__ = ["FidelityChoice", "check_threshold", "choose_fidelity"]
 
 
@@ -90,7 +92,6 @@ def choose_fidelity(model, records, *, batch_size: int = 32, batches: int = 2, i
     """
     import torch
 
-    from dlbooster.runtime.loader import Loader
     from dlbooster.records.pcr import RecordSet
     from dlbooster.runtime.transforms import eval_transform
 

@@ -65,6 +65,8 @@ from pathlib import Path
 
 import numpy as np
 
+from dlbooster.runtime.sources import image_folder
+
 __all__ = ["FORMAT_VERSION", "HEADER", "MAGIC", "RecordError", "RecordFile", "RecordSet", "WriteReport",
            "exclusive_lock", "is_record_dir", "rebuild", "source_classes", "split_scans", "transcode", "write_records"]
 
@@ -462,8 +464,6 @@ def source_classes(src: str | os.PathLike) -> tuple[list, list[str]]:
     Raises:
         FileNotFoundError: ``src`` is no ImageFolder; the message names ``src``.
     """
-    from dlbooster.runtime.sources import image_folder
-
     try:
         samples, classes, _ = image_folder(src)
     except FileNotFoundError as exc:

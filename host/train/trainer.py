@@ -29,11 +29,18 @@ import math
 import os
 import random
 import shutil
+import tempfile
 import time
 import warnings
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
+
+import numpy as np
+
+from dlbooster.runtime.loader import Loader
+from dlbooster.runtime.sampler import dist_env, local_rank_env
+from dlbooster.runtime.sources import image_folder as listing
 
 if TYPE_CHECKING:
     import torch
@@ -270,7 +277,6 @@ def photo_dataset(out_dir: str | os.PathLike, *, crops: int = 8, val_crops: int 
     Raises:
         FileNotFoundError: no packaged photographs (scikit-image is not installed).
     """
-    import numpy as np
     from PIL import Image
 
     from dlbooster.support.samples import load_photo, packaged_photos
@@ -307,8 +313,6 @@ def split_folder(root: Path):
         FileNotFoundError: no class folder, or a class folder without images (naming
             the folder read: ``root``, ``root/train`` or ``root/val``).
     """
-    from dlbooster.runtime.sources import image_folder as listing
-
     def image_folder(folder: Path):
         try:
             return listing(folder)
@@ -337,7 +341,6 @@ class _Distributed:
     def __init__(self, device_type: str):
         import torch.distributed as dist
 
-        from dlbooster.runtime.sampler import dist_env, local_rank_env
 
         self.rank, self.world = dist_env()
         self.local_rank = local_rank_env() or 0
@@ -434,8 +437,6 @@ def train(config: TrainConfig, *, on_epoch=None, on_step=None, sets=None) -> dic
         OSError: a checkpoint cannot be written (the message names it).
         dlbooster.records.pcr.RecordError: a corrupt record file.
     """
-    import tempfile
-
     import torch
 
     device = config.check()
@@ -475,10 +476,9 @@ def _run(config, device, dist, train_source, val_source, classes, on_epoch, on_s
     import torchvision
     from torch import nn
 
-    from dlbooster.runtime.loader import Loader
+    from dlbooster.runtime.transforms import eval_transform, train_transform
     from dlbooster.train.schedule import SplitBackward
     from dlbooster.train.trace import Trace
-    from dlbooster.runtime.transforms import eval_transform, train_transform
 
     torch.manual_seed(config.seed)
     # Inception-style models return auxiliary outputs in training mode unless told not to.
@@ -720,8 +720,6 @@ def _probe(model, name: str, image_size: int, device) -> bool:
 
 
 def _no_span(*args, **kwargs):
-    import contextlib
-
     return contextlib.nullcontext()
 
 

@@ -26,6 +26,11 @@ an RTL kernel" in the Vitis user guide (UG1393: ``kernel.xml``, ``package_xo``, 
 
 from __future__ import annotations
 
+import re
+import shutil
+import subprocess
+import tempfile
+import xml.etree.ElementTree as ET
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -386,8 +391,6 @@ set argc 0
 
 def _top_ports(verilog: str) -> dict[str, tuple[str, int]]:
     """``name -> (direction, width)`` of the top module's ports."""
-    import re
-
     start = verilog.index(f"module {TOP}(")
     body = verilog[start:verilog.index("endmodule", start)]
     ports = {}
@@ -405,9 +408,6 @@ def _build_files(board: Board) -> list[str]:
 def _dry_run(tclsh: str, script: Path) -> tuple[list[list[str]] | None, str]:
     """Run ``script`` under ``tclsh`` with the Vivado commands stubbed: ``(calls, "")``,
     each call as its words after Tcl's substitution, or ``(None, the error)``."""
-    import subprocess
-    import tempfile
-
     with tempfile.TemporaryDirectory() as tmp:
         log, prelude = Path(tmp) / "calls.log", Path(tmp) / "run.tcl"
         # The script's path as an argument: braces or brackets in it would break a path
@@ -488,8 +488,6 @@ def _check_script(name: str, calls: list[list[str]], board: Board, ports: dict, 
 
 def _check_kernel_xml(path: Path, board: Board, ports: dict) -> list[str]:
     """kernel.xml against :func:`kernel_xml`'s rules (UG1393) and the Verilog's ports."""
-    import xml.etree.ElementTree as ET
-
     try:
         root = ET.parse(path).getroot()
     except ET.ParseError as exc:
@@ -586,8 +584,6 @@ def check_board_build(out: str | Path, board_name: str, *,
     Raises:
         FileNotFoundError: ``tclsh`` or (with ``lint``) Verilator is missing.
     """
-    import shutil
-
     from amaranth import Shape
 
     from ..axi import axi4_lite_slave_ports, axi4_master_ports

