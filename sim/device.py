@@ -33,7 +33,7 @@ import numpy as np
 from . import netlist
 from .flow import (SPEED_CONFIG, VERILATOR_FLAGS, build_environment_key, build_verilated, cache_root, make_folder,
                    product_ok, profile_guided_available, toolchain_env, verilator_version)
-from .netlist import export_flat_verilog, one_evaluation_per_clock, rewrite_or_keep, sink_into_enables
+from .netlist import UnknownForm, export_flat_verilog, one_evaluation_per_clock, rewrite_or_keep, sink_into_enables
 
 __all__ = ["SimTransport", "SimBuffer", "build_device_library", "device_verilog", "PortBehaviour"]
 
@@ -119,25 +119,34 @@ def indexed_build(root: Path, key: str, build) -> Path:
     return product
 
 
-def device_verilog(params: dict) -> tuple[str, int]:
+def device_verilog(params: dict) -> tuple[str, int, bool]:
     """The Verilog of ``Device(**params)`` (:class:`dlbooster.hw.device.Device`) that the
-    device library compiles, and the number of its clock gates (the width of its
-    ``gate_open`` and ``gate_clk`` ports): flattened
-    (:func:`~dlbooster.sim.netlist.export_flat_verilog`), rewritten for one evaluation
-    per clock (:func:`~dlbooster.sim.netlist.one_evaluation_per_clock`), and with logic
-    moved under the enables that read it
+    device library compiles, the number of its clock gates (the width of its
+    ``gate_open`` and ``gate_clk`` ports), and whether it is simulated with one evaluation
+    per clock (the harness's ``DLB_ONE_EVALUATION``).
+
+    Flattened (:func:`~dlbooster.sim.netlist.export_flat_verilog`), rewritten for one
+    evaluation per clock (:func:`~dlbooster.sim.netlist.one_evaluation_per_clock`), and
+    with logic moved under the enables that read it
     (:func:`~dlbooster.sim.netlist.sink_into_enables`) unless that pass does not know the
     Verilog's form, which one warning then says (the same behaviour, slower to simulate).
-
-    Raises:
-        dlbooster.sim.netlist.UnknownForm: ``one_evaluation_per_clock`` does not know
-            the Verilog's form: the harness simulates only its output.
+    Where ``one_evaluation_per_clock`` does not know the form: the flattened Verilog as
+    it is, no gate ports and ``False`` (its harness clocks it the ordinary way, two edges
+    per clock: the same behaviour, slower), after one warning naming the pass and the
+    reason; ``sink_into_enables`` is then not run either (the fallback keeps the form that
+    every other harness compiles).
     """
     from dlbooster.hw.device import Device
 
-    verilog, gates = one_evaluation_per_clock(export_flat_verilog(Device(**params), TOP), "ap_clk")
+    flat = export_flat_verilog(Device(**params), TOP)
+    try:
+        verilog, gates = one_evaluation_per_clock(flat, "ap_clk")
+    except UnknownForm as exc:
+        log.warning("%s; the simulation builds without one evaluation per clock: slower (two evaluations per "
+                    "clock, the same behaviour)", exc)
+        return flat, 0, False
     verilog, _ = rewrite_or_keep(sink_into_enables, verilog)
-    return verilog, gates
+    return verilog, gates, True
 
 
 def build_device_library(lanes: int = 1, max_width: int = 8192, data_width: int = 128,
@@ -151,7 +160,9 @@ def build_device_library(lanes: int = 1, max_width: int = 8192, data_width: int 
     less work per clock (docs/benchmarks.md).
     Off, the boards' design itself is simulated. Either way the flattened Verilog is
     rewritten for Verilator, with the same behaviour clock for clock: one evaluation
-    per clock and logic moved under the enables that read it (:func:`device_verilog`). A first
+    per clock and logic moved under the enables that read it (:func:`device_verilog`;
+    where the rewriting does not know the Verilog's form, one warning, and the library
+    simulates each clock as two edges instead, slower). A first
     build takes minutes (elaboration, Yosys flattening, Verilator, and a profile-guided
     C++ build with the toolchain of :func:`~dlbooster.sim.flow.toolchain`, clang where
     LLVM 16 or newer is installed, else GCC: an instrumented compile, a training run of
@@ -165,9 +176,6 @@ def build_device_library(lanes: int = 1, max_width: int = 8192, data_width: int 
         ValueError: ``DLBOOSTER_TOOLCHAIN`` is not valid, or asks for LLVM and none is
             found; ``DLBOOSTER_MARCH`` names a target the compiler does not take
             (:func:`~dlbooster.sim.flow.toolchain`).
-        dlbooster.sim.netlist.UnknownForm: the device's Verilog has a form that
-            :func:`~dlbooster.sim.netlist.one_evaluation_per_clock` was not written for
-            (:func:`device_verilog`).
     """
     toolchain_env()
     params = {"lanes": lanes, "max_width": max_width, "data_width": data_width,
@@ -186,9 +194,10 @@ def build_device_library(lanes: int = 1, max_width: int = 8192, data_width: int 
                     "Yosys, Verilator and the C++ compiler take a few minutes, once; it is cached in %s",
                     lanes, max_width, root)
         start = time.monotonic()
-        verilog, gates = device_verilog(params)
-        lib = build_verilated(verilog, TOP, _CPP, [*_FLAGS, "-CFLAGS", f"-DDLB_GATES={gates}"], folder=root,
-                              name=TOP, output="libdlbdevice.so",
+        verilog, gates, one_evaluation = device_verilog(params)
+        # The clocking is in the flags, and so in the build's cache key.
+        flags = [*_FLAGS, "-CFLAGS", f"-DDLB_GATES={gates}", "-CFLAGS", f"-DDLB_ONE_EVALUATION={int(one_evaluation)}"]
+        lib = build_verilated(verilog, TOP, _CPP, flags, folder=root, name=TOP, output="libdlbdevice.so",
                               sources=[_CPP.read_text(), SPEED_CONFIG.read_text(), _PGO.read_text()],
                               train=train if profile_guided_available() else None)
         log.info("simulated decoder device ready after %.0f s: %s", time.monotonic() - start, lib)
@@ -249,6 +258,11 @@ class SimTransport:
             arguments are then ignored (the driver reads the build's parameters from the
             device's registers).
 
+    Attributes:
+        one_evaluation: whether the library simulates a clock with one evaluation (the
+            rewritten Verilog, :func:`device_verilog`); False for the slower build that
+            clocks the Verilog as it is, two edges per clock.
+
     Raises:
         RuntimeError: the library does not load or the simulation does not start.
     """
@@ -279,6 +293,7 @@ class SimTransport:
                                 ("dlb_read32", u32, [vp, u32, ctypes.POINTER(ctypes.c_int)]),
                                 ("dlb_run", u64, [vp, u64, ctypes.c_int]),
                                 ("dlb_interrupt", ctypes.c_int, [vp]),
+                                ("dlb_one_evaluation", ctypes.c_int, []),
                                 ("dlb_counters", None, [vp, ctypes.POINTER(ctypes.c_uint64)]),
                                 ("dlb_check_gates", None, [vp, ctypes.c_int]),
                                 ("dlb_test_unsettled_reset", None, [vp, ctypes.c_int]),
@@ -292,6 +307,7 @@ class SimTransport:
         self.base = lib.dlb_memory_base()
         self.memory_bytes = lib.dlb_memory_bytes()
         self.word_bytes = lib.dlb_word_bytes()
+        self.one_evaluation = bool(lib.dlb_one_evaluation())
         self._memory = np.ctypeslib.as_array(lib.dlb_memory(self._h), shape=(self.memory_bytes,))
         self._free = [(self.base, self.memory_bytes)]    # sorted (address, size) ranges
         self._ok = ctypes.c_int()
@@ -395,7 +411,9 @@ class SimTransport:
         Verilator's scheduler regions would have found work (``unfinished``: the harness
         runs each region once per clock). Both are always 0 for a sound design (see
         :func:`dlbooster.sim.netlist.one_evaluation_per_clock`). Each clock then costs a
-        second evaluation."""
+        second evaluation. Without :attr:`one_evaluation` the outputs are still read
+        before the inputs, so ``early_reads`` counts as before, but each edge has
+        Verilator's full evaluation: ``unfinished`` stays 0."""
         self._lib.dlb_check_gates(self._h, int(on))
 
     def counters(self) -> dict[str, int]:

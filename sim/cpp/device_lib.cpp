@@ -12,6 +12,20 @@
 // `ready_percent` of clocks (seeded xorshift), read data `latency` clocks after the
 // request, read bursts answered in order, and stalls: the port can stop answering reads
 // or writes altogether (for the watchdog tests).
+//
+// Clocking: DLB_ONE_EVALUATION (from the build, dlbooster.sim.device; 1 unless given)
+// selects how a clock is simulated. 1: one evaluation per clock, on the Verilog that
+// one_evaluation_per_clock rewrote (below, at DLB_GATES). 0: the ordinary way, for the
+// flattened Verilog as it is, where that rewriting did not know its form: ap_clk rises,
+// then falls, with Verilator's full evaluation after each edge, and no gate ports (the
+// gates are the design's own logic, their enables sampled on the falling edge).
+#ifndef DLB_ONE_EVALUATION
+#define DLB_ONE_EVALUATION 1
+#endif
+#if !DLB_ONE_EVALUATION && DLB_GATES
+#error "a build without one evaluation per clock has no gate ports (DLB_GATES=0)"
+#endif
+
 #include <sys/mman.h>
 
 #include <cstdint>
@@ -46,9 +60,9 @@ bool Vdlbooster_decoder___024root___eval_phase__nba(Vdlbooster_decoder___024root
 // A clock's evaluation: each region once. Verilator's _eval repeats a region until it
 // triggers nothing more, which here always takes one more round of trigger evaluations
 // that finds nothing: every clock of this model is a port (ap_clk and the gates' clocks,
-// sim/flow.py one_evaluation_per_clock allows no other), so the registers cannot trigger
-// a clock, and no logic runs from an input back to an input. About 115 fewer instructions
-// per clock (1.8 %, docs/benchmarks.md). Every clock (tick) is evaluated so
+// one_evaluation_per_clock allows no other), so the registers cannot trigger a clock, and
+// no logic runs from an input back to an input. About 115 fewer instructions per clock
+// (1.8 %, docs/benchmarks.md). With DLB_ONE_EVALUATION every clock (tick) is evaluated so
 // (first_round true); dlb_check_gates runs the second round (false) after each clock of
 // dlb_run and dlb_reset and counts the ones in which it found work. A Verilator that no
 // longer generates these functions fails the library's load (an undefined symbol).
@@ -155,14 +169,15 @@ static void violation(Sim *s, uint64_t addr) {
     if (!s->violations++) s->first_violation = addr;
 }
 
-// A clock is one evaluation of the model (sim/flow.py one_evaluation_per_clock): every
-// register takes both edges of ap_clk, which toggles once per clock, and each clock gate's
-// clock is a port (gate_clk) toggled with it in the clocks whose gate_open was high before
-// the clock's inputs were applied. gate_open and the AXI4 master's outputs must therefore
-// not depend combinationally on any input (the gates' enables depend on registers only,
-// hw/gating.py); dlb_check_gates counts the clocks where they did. Wherever the harness
-// changes an input other than the memory side's (ap_rst_n, the AXI4-Lite requests), it
-// evaluates once without a clock edge (settle) before the next clock.
+// With DLB_ONE_EVALUATION, a clock is one evaluation of the model
+// (one_evaluation_per_clock): every register takes both edges of ap_clk, which toggles once
+// per clock, and each clock gate's clock is a port (gate_clk) toggled with it in the
+// clocks whose gate_open was high before the clock's inputs were applied. gate_open and the
+// AXI4 master's outputs must therefore not depend combinationally on any input (the gates'
+// enables depend on registers only, hw/gating.py); dlb_check_gates counts the clocks where
+// they did. Wherever the harness changes an input other than the memory side's (ap_rst_n,
+// the AXI4-Lite requests), it evaluates once without a clock edge (settle) before the next
+// clock.
 
 // DLB_GATES, from the build (dlbooster.sim.device), is the number of clock gates the
 // rewriting found: the model has gate_open and gate_clk ports when it is not 0.
@@ -308,9 +323,18 @@ static inline void tick(Sim *s) {
             s->writes.pop_front();
         }
     }
+#if DLB_ONE_EVALUATION
     open_gates(t);
     t->ap_clk ^= 1;
     run_regions(t, true);
+#else
+    // ap_clk is low between clocks: the registers take the rising edge, the gates'
+    // enable registers the falling one.
+    t->ap_clk = 1;
+    evaluate(t);
+    t->ap_clk = 0;
+    evaluate(t);
+#endif
     ++s->clocks;
     if (r) {
         ++s->read_beats;
@@ -324,17 +348,22 @@ static inline void tick(Sim *s) {
 
 // A clock under dlb_check_gates: a full evaluation before the clock (after its memory-side
 // inputs), counted when it changes a gate's enable or a master output, and the second
-// round of the regions after it, counted when it finds work.
+// round of the regions after it, counted when it finds work. Without DLB_ONE_EVALUATION
+// tick() still samples the master's outputs before the clock's inputs, so early reads
+// still count, but every edge has had Verilator's full evaluation: no second round, and
+// unfinished stays 0.
 static void checked_step(Sim *s) {
     Early before(s->top);
     settle(s);
     if (before != Early(s->top)) ++s->early_reads;
     tick(s);
+#if DLB_ONE_EVALUATION
     if (s->test_unevaluated_edge) {
         s->test_unevaluated_edge = false;
         s->top->ap_clk ^= 1;
     }
     if (run_regions(s->top, false)) ++s->unfinished;
+#endif
 }
 
 // One clock. A function of its own (not inlined): docs/benchmarks.md counts the
@@ -366,6 +395,7 @@ void *dlb_open() {
     t->s_axi_control_awvalid = t->s_axi_control_wvalid = t->s_axi_control_arvalid = 0;
     t->s_axi_control_bready = t->s_axi_control_rready = 0;
     t->s_axi_control_wstrb = 0xF;
+    t->ap_clk = 0;
     t->ap_rst_n = 0;
     t->eval();
     for (int i = 0; i < 4; ++i) step(s);
@@ -509,6 +539,9 @@ uint64_t dlb_run(void *h, uint64_t max_clocks, int until_interrupt) {
 
 int dlb_interrupt(void *h) { return ((Sim *)h)->top->__SYM__interrupt; }
 
+// 1 where a clock is one evaluation (DLB_ONE_EVALUATION), 0 where it is two edges.
+int dlb_one_evaluation() { return DLB_ONE_EVALUATION; }
+
 // clocks, violations, first violation address, read beats, write beats, early reads,
 // unfinished clocks.
 void dlb_counters(void *h, uint64_t *out) {
@@ -527,7 +560,8 @@ void dlb_counters(void *h, uint64_t *out) {
 // handshake output of the master changed (early_reads: the clock's one evaluation read it
 // before the inputs, a design fault); and after the clock, run the second round of the
 // scheduler's regions that Verilator's own evaluation would, counting the clocks in which
-// it found work (unfinished). Doubles the evaluations.
+// it found work (unfinished; always 0 without DLB_ONE_EVALUATION, checked_step). Doubles
+// the evaluations.
 void dlb_check_gates(void *h, int on) {
     auto *s = (Sim *)h;
     s->check_early = on;
@@ -542,6 +576,7 @@ void dlb_test_unsettled_reset(void *h, int level) { ((Sim *)h)->top->ap_rst_n = 
 // Test instrument: the next clock checked (dlb_check_gates on; turning it on or off
 // forgets the request) leaves an edge of ap_clk to the next evaluation,
 // as a model whose registers drove a clock would leave work for a second round of the
-// scheduler; the tests show with it that dlb_check_gates counts such a clock.
+// scheduler; the tests show with it that dlb_check_gates counts such a clock. Without
+// DLB_ONE_EVALUATION there is no such round, and the request does nothing.
 void dlb_test_unevaluated_edge(void *h) { ((Sim *)h)->test_unevaluated_edge = true; }
 }

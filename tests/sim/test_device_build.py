@@ -2,19 +2,28 @@
 asks of an XRT RTL kernel and a PYNQ IP, and is clean under ``verilator --lint-only -Wall``
 with the waivers documented in hw/device.vlt; and the C++ simulations' Verilator build
 cache (:func:`dlbooster.sim.flow.build_verilated`), which the simulated device and the core
-harnesses share."""
+harnesses share; and the simulated device's build where one_evaluation_per_clock does not
+know its Verilog (clocked the ordinary way, with the same results)."""
 
 from __future__ import annotations
 
 import fcntl
 import hashlib
+import logging
 import os
 import re
 from pathlib import Path
 
 import pytest
 
+from dlbooster import jpeg
+from dlbooster.device.driver import DecoderDevice
+from dlbooster.sim import device as simdev
 from dlbooster.sim.flow import simulator_available
+from dlbooster.sim.netlist import UnknownForm
+from dlbooster.sim.verify import expectation
+
+from jpegtools import gen, pillow_rgb
 
 
 @pytest.mark.skipif(not simulator_available("verilator"), reason="verilator not installed")
@@ -433,7 +442,7 @@ def test_a_partial_or_damaged_build_is_built_again(tmp_path, monkeypatch):
 _ORPHANED_BUILD = """
 import sys
 from pathlib import Path
-sys.path.insert(0, {tests!r})
+sys.path[:0] = [{tests!r}, str(Path({tests!r}).parent)]   # this module, and the jpegtools it imports
 from test_device_build import _counter_build
 _counter_build(Path({folder!r}), Path({cpp!r}), 7)
 """
@@ -667,14 +676,10 @@ def _decode_all(transport, files: dict[str, bytes]) -> tuple[list, int, dict[str
     """``files`` decoded through the host driver on ``transport`` (reset first) under
     memory gaps and latency with the gate check on: the outcomes, the clocks the batch
     took, and the counters after it."""
-    from dlbooster import jpeg
-    from dlbooster.device.driver import DecoderDevice
-    from dlbooster.sim.device import PortBehaviour
-
     frames = [jpeg.parse(data).frame for data in files.values()]
     device = DecoderDevice(transport)
     device.reset()
-    transport.set_port(PortBehaviour(ready_percent=70, latency=9, seed=3))
+    transport.set_port(simdev.PortBehaviour(ready_percent=70, latency=9, seed=3))
     transport.check_gates()
     before = transport.counters()
     try:
@@ -682,7 +687,7 @@ def _decode_all(transport, files: dict[str, bytes]) -> tuple[list, int, dict[str
                                         for data, frame in zip(files.values(), frames)])
     finally:
         transport.check_gates(False)
-        transport.set_port(PortBehaviour())
+        transport.set_port(simdev.PortBehaviour())
     after = transport.counters()
     return outcomes, after["clocks"] - before["clocks"], {k: after[k] - before[k] for k in after}
 
@@ -694,15 +699,6 @@ def test_a_device_one_evaluation_per_clock_does_not_know_builds_clocked_the_ordi
     build, that simulates the flattened Verilog as it is, two edges per clock. It decodes
     as the normal build does, completion for completion and clock for clock (the design
     is the same), and as Pillow does."""
-    import logging
-
-    import dlbooster.sim.device as simdev
-    from dlbooster import jpeg
-    from dlbooster.sim.netlist import UnknownForm
-    from dlbooster.sim.verify import expectation
-
-    from jpegtools import gen, pillow_rgb
-
     photo = gen(64, 48, subsampling=2, quality=90)
     scan = jpeg.parse(photo).scans[0]
     middle = (scan.data_start + scan.data_end) // 2
