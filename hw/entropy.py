@@ -408,7 +408,7 @@ class HuffmanTables(wiring.Component):
         # every limit is reached), written bit by bit: Yosys then has no shared OR cells to
         # regroup into wires assigned in pieces, which a simulator must evaluate every
         # clock; as whole wires they are evaluated only when a long code is registered
-        # (sim/sink.py). The same function as OR-ing ``first[l] ? l + 1 : 0``.
+        # (sim/netlist/sink.py). The same function as OR-ing ``first[l] ? l + 1 : 0``.
         m.d.comb += [length[b].eq(Cat(*(first[l] for l in range(16) if (l + 1) >> b & 1),
                                       *((ge.all(),) if 17 >> b & 1 else ())).any())
                      for b in range(5)]

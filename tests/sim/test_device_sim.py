@@ -21,7 +21,8 @@ from dlbooster.hw.regs import MAGIC, Ctrl, DeviceStatus, Irq, Reg
 from dlbooster.sim.flow import simulator_available
 from dlbooster.sim.verify import expectation
 
-from jpegtools import drop_huffman, feature_files, gen, pillow_rgb
+from jpegtools import (corpus_rows, drop_huffman, feature_files, feature_subset, gen,
+                       hardware_candidates, pillow_rgb)
 
 pytestmark = pytest.mark.skipif(not simulator_available("verilator"), reason="verilator not installed")
 
@@ -660,7 +661,7 @@ def test_clock_gating_changes_no_result_and_no_clock(sim1):
     the boards' design, without the gates, gives the same completions (status, size,
     bytes, symbols and clocks of every job) and the same pixels, under memory gaps and
     latency, for decodable, corrupted, truncated, too-wide and unsupported inputs. Both
-    builds simulate a clock with one evaluation (sim/flow.py one_evaluation_per_clock),
+    builds simulate a clock with one evaluation (dlbooster.sim.netlist.one_evaluation_per_clock),
     and in no clock did that evaluation read a gate's enable or a master handshake
     output that the clock's memory-side inputs would have changed."""
     from dlbooster.sim.device import PortBehaviour, SimTransport
@@ -697,6 +698,39 @@ def test_clock_gating_changes_no_result_and_no_clock(sim1):
         assert (a.image is None) == (b.image is None) and (a.image is None or (a.image == b.image).all()), name
     statuses = {o.completion.status for o in gated}
     assert 0 in statuses and len(statuses) >= 4, statuses
+
+
+def test_the_boards_design_and_the_simulation_build_agree_on_corpus_files(sim1, corpus_dir):
+    """The same comparison on real files: a feature-covering subset of the corpus's
+    hardware-decodable files that fit the build's width, and the same files with their
+    entropy data damaged. Every completion (status, size, bytes, symbols, clocks) and
+    every image of the boards' design (no clock gates, signed arithmetic) equals the
+    simulation build's, and the decoded images equal Pillow's."""
+    from dlbooster.sim.device import SimTransport
+
+    rows = [r for r in hardware_candidates(corpus_rows()) if 0 < int(r["width"] or 0) <= WIDTH]
+    groups: dict[tuple[str, bool], list[dict]] = {}       # by subsampling and restart markers
+    for r in feature_subset(rows, cap=len(rows)):
+        groups.setdefault((r["subsampling"], int(r["restart_interval"] or 0) > 0), []).append(r)
+    picked = [r for group in groups.values() for r in group[:2]]
+    assert len({sub for sub, _ in groups}) >= 4 and any(restart for _, restart in groups), sorted(groups)
+    files = {r["path"]: (corpus_dir / r["path"]).read_bytes() for r in picked}
+    files.update({f"{name} (damaged)": _corrupted(data, n) for n, (name, data) in enumerate(list(files.items())[:4])})
+    items = [(d, _cap(d) or 3 * WIDTH * WIDTH) for d in files.values()]
+    results = []
+    with SimTransport(lanes=1, max_width=WIDTH, clock_gating=False) as plain:
+        for transport in (sim1, plain):
+            results.append(_fresh(transport).decode_batch(items))
+    gated, ungated = results
+    for name, a, b in zip(files, gated, ungated):
+        ca, cb = a.completion, b.completion
+        assert (ca.status, ca.width, ca.height, ca.bytes_written, ca.symbols, ca.clocks) == \
+            (cb.status, cb.width, cb.height, cb.bytes_written, cb.symbols, cb.clocks), name
+        assert (a.image is None) == (b.image is None) and (a.image is None or (a.image == b.image).all()), name
+        if ca.status == 0 and not name.endswith("(damaged)"):
+            expected, _ = pillow_rgb(files[name])
+            assert np.array_equal(a.image, expected), name
+    assert sum(o.completion.status == 0 for o in gated) >= len(picked) // 2
 
 
 def test_the_gate_check_counts_a_clock_that_reads_an_output_early(sim1):
