@@ -1022,7 +1022,7 @@ def _write_in_child(src: Path, out: Path, patches: str):
     import sys
 
     code = ("import os, signal, sys\n"
-            "from dlbooster import records\n"
+            "from dlbooster.records import pcr as records\n"
             "from dlbooster.cli import main\n"
             "prepare, write_file, remove = records._prepare, records._write_file, records.remove_empty_folders\n"
             + patches +

@@ -81,15 +81,15 @@ def test_check_without_tclsh_is_a_usage_error_before_anything_is_written(tmp_pat
 
 
 def test_an_interrupted_build_leaves_no_new_folder(tmp_path, monkeypatch, capsys):
+    import dlbooster.hw.build.boards as boards
     import dlbooster.hw.device as device
-    import dlbooster.sim.flow as flow
     from dlbooster.cli import main
 
     def interrupted(*args, **kwargs):
         raise KeyboardInterrupt
 
     monkeypatch.setattr(device, "Device", lambda **kwargs: None)   # nothing to elaborate
-    monkeypatch.setattr(flow, "export_verilog", interrupted)
+    monkeypatch.setattr(boards.verilog, "convert", interrupted)
     with pytest.raises(KeyboardInterrupt):
         write_board_build("pynq-z2", tmp_path / "new", lanes=1, max_width=256)
     assert not (tmp_path / "new").exists()
