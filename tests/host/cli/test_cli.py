@@ -590,10 +590,9 @@ def test_an_interrupted_png_write_leaves_no_file(tmp_path, monkeypatch):
     assert Image.open(long).size == (6, 4) and len(list(target.parent.iterdir())) == 2
 
 
-def test_an_ignored_sigterm_stays_ignored(tmp_path):
-    """A command started with SIGTERM ignored (``trap '' TERM``, some supervisors) keeps
-    ignoring it, as Python keeps an ignored SIGINT: demo, signalled mid-run, finishes. A
-    command leaves SIGTERM's handler as it found it."""
+def _demo_sent_sigterm(tmp_path, **popen) -> tuple[subprocess.Popen, str, str, Path]:
+    """``dlbooster demo`` in a child with its own TMPDIR, sent SIGTERM once it has written
+    a JPEG there; returns the process, its output and error text, and that folder."""
     from dlbooster.support.samples import packaged_photos
 
     if not packaged_photos():
@@ -601,8 +600,7 @@ def test_an_ignored_sigterm_stays_ignored(tmp_path):
     tmp = tmp_path / "tmp"
     tmp.mkdir()
     proc = subprocess.Popen([sys.executable, "-m", "dlbooster", "demo"], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, env={**os.environ, "TMPDIR": str(tmp)},
-                            preexec_fn=lambda: signal.signal(signal.SIGTERM, signal.SIG_IGN))
+                            stderr=subprocess.PIPE, text=True, env={**os.environ, "TMPDIR": str(tmp)}, **popen)
     try:
         deadline = time.monotonic() + 60
         while not any(tmp.rglob("*.jpg")) and time.monotonic() < deadline and proc.poll() is None:
@@ -612,6 +610,17 @@ def test_an_ignored_sigterm_stays_ignored(tmp_path):
         out, err = proc.communicate(timeout=300)
     finally:
         proc.kill()
+    return proc, out, err, tmp
+
+
+def test_an_ignored_sigterm_stays_ignored(tmp_path):
+    """A command started with SIGTERM ignored (``trap '' TERM``, some supervisors) keeps
+    ignoring it, as Python keeps an ignored SIGINT: demo, signalled mid-run, finishes. A
+    command leaves SIGTERM's handler as it found it."""
+    from dlbooster.support.samples import packaged_photos
+
+    proc, out, err, tmp = _demo_sent_sigterm(tmp_path, preexec_fn=lambda: signal.signal(signal.SIGTERM,
+                                                                                          signal.SIG_IGN))
     n = 6 * len(packaged_photos())        # six JPEG variants of each photograph
     assert proc.returncode == 0 and "terminated" not in err, err
     assert f"{n} inputs: {n} ok, 0 fallback, 0 error, 0 differ from Pillow" in out
@@ -625,23 +634,7 @@ def test_sigterm_ends_a_command_as_ctrl_c_does(tmp_path):
     """SIGTERM (kill, a batch system's time limit) left demo's temporary JPEGs behind and
     printed nothing; it now unwinds as Ctrl-C does: the temporary folder is removed,
     one line says so, and the exit status is 143."""
-    from dlbooster.support.samples import packaged_photos
-
-    if not packaged_photos():
-        pytest.skip("no packaged photographs (scikit-image not installed)")
-    tmp = tmp_path / "tmp"
-    tmp.mkdir()
-    proc = subprocess.Popen([sys.executable, "-m", "dlbooster", "demo"], stdout=subprocess.DEVNULL,
-                            stderr=subprocess.PIPE, text=True, env={**os.environ, "TMPDIR": str(tmp)})
-    try:
-        deadline = time.monotonic() + 60
-        while not any(tmp.rglob("*.jpg")) and time.monotonic() < deadline and proc.poll() is None:
-            time.sleep(0.02)
-        assert any(tmp.rglob("*.jpg")), "demo wrote no JPEG to its temporary folder"
-        proc.send_signal(signal.SIGTERM)
-        _, err = proc.communicate(timeout=60)
-    finally:
-        proc.kill()
+    proc, _, err, tmp = _demo_sent_sigterm(tmp_path)
     assert proc.returncode == 143, err
     assert err.endswith("dlbooster demo: terminated\n") and "Traceback" not in err, err
     assert list(tmp.iterdir()) == []
