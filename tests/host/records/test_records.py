@@ -666,7 +666,6 @@ def _counting(monkeypatch, owner, name) -> list:
 
 
 def test_cli_write_info_and_train(tmp_path, monkeypatch):
-    import dlbooster.runtime.sources
     src = tmp_path / "data"
     for split, n in (("train", 6), ("val", 4)):
         for c in ("ants", "bees"):
@@ -675,7 +674,7 @@ def test_cli_write_info_and_train(tmp_path, monkeypatch):
             for j in range(n // 2):
                 name = ("astronaut.png", "coffee.png", "chelsea.png")[j % 3]
                 (d / f"{j}.jpg").write_bytes(make_jpeg(48 + 8 * j, 40, name=name, subsampling=j % 3))
-    walks = _counting(monkeypatch, dlbooster.runtime.sources, "image_folder")
+    walks = _counting(monkeypatch, R, "image_folder")      # the listing the writer calls
     code, out, err = _cli("records", "write", str(src), str(tmp_path / "rec"), "--images-per-record", "4", "--json")
     assert code == 0, err
     assert sorted(Path(c[0]).name for c in walks) == ["train", "val"]      # each source walked once
