@@ -3,12 +3,5 @@
 the bit-exact reference model of a decoder lane (:mod:`.model`) and the IEEE 1180-1990
 IDCT accuracy test (:mod:`.ieee1180`)."""
 
-from .parser import (DEFAULT_MAX_WIDTH, HARDWARE_SAMPLINGS, HOST_ONLY_REASONS, MAX_SCANS, PILLOW_MAX_PIXELS,
-                     REASONS, STANDARD_HUFFMAN, ZIGZAG, Component, Frame, HuffmanTable, JpegInfo, Scan,
-                     classify, host_prescreen, parse, pillow_header_error, pillow_max_pixels,
-                     standard_huffman_segment, with_standard_huffman)
-
-__all__ = ["DEFAULT_MAX_WIDTH", "HARDWARE_SAMPLINGS", "HOST_ONLY_REASONS", "MAX_SCANS", "PILLOW_MAX_PIXELS",
-           "REASONS", "STANDARD_HUFFMAN", "ZIGZAG", "Component", "Frame", "HuffmanTable", "JpegInfo", "Scan",
-           "classify", "host_prescreen", "parse", "pillow_header_error", "pillow_max_pixels",
-           "standard_huffman_segment", "with_standard_huffman"]
+from .parser import *  # noqa: F403 - the parser's public names are the package's
+from .parser import __all__  # noqa: F401

@@ -50,6 +50,7 @@ __all__ = [
     "host_prescreen",
     "pillow_header_error",
     "DEFAULT_MAX_WIDTH",
+    "MAX_SCANS",
     "PILLOW_MAX_PIXELS",
     "pillow_max_pixels",
     "HARDWARE_SAMPLINGS",

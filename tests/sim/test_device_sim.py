@@ -656,6 +656,16 @@ def _corrupted(data: bytes, seed: int, flips: int = 3) -> bytes:
     return bytes(out)
 
 
+def _assert_same_outcomes(names, first, second) -> None:
+    """The two builds' outcomes of the same jobs agree: every completion field (status,
+    size, bytes, symbols, clocks) and the image, or its absence."""
+    for name, a, b in zip(names, first, second, strict=True):
+        ca, cb = a.completion, b.completion
+        assert (ca.status, ca.width, ca.height, ca.bytes_written, ca.symbols, ca.clocks) == \
+            (cb.status, cb.width, cb.height, cb.bytes_written, cb.symbols, cb.clocks), name
+        assert (a.image is None) == (b.image is None) and (a.image is None or (a.image == b.image).all()), name
+
+
 def test_clock_gating_changes_no_result_and_no_clock(sim1):
     """The simulation builds clock-gate idle blocks (dlbooster.hw.gating); the build of
     the boards' design, without the gates, gives the same completions (status, size,
@@ -691,11 +701,7 @@ def test_clock_gating_changes_no_result_and_no_clock(sim1):
     (gated, gated_clocks), (ungated, ungated_clocks) = results
     assert gated_clocks == ungated_clocks
     assert len(gated) == len(ungated) == len(files)
-    for name, a, b in zip(files, gated, ungated):
-        ca, cb = a.completion, b.completion
-        assert (ca.status, ca.width, ca.height, ca.bytes_written, ca.symbols, ca.clocks) == \
-            (cb.status, cb.width, cb.height, cb.bytes_written, cb.symbols, cb.clocks), name
-        assert (a.image is None) == (b.image is None) and (a.image is None or (a.image == b.image).all()), name
+    _assert_same_outcomes(files, gated, ungated)
     statuses = {o.completion.status for o in gated}
     assert 0 in statuses and len(statuses) >= 4, statuses
 
@@ -722,12 +728,9 @@ def test_the_boards_design_and_the_simulation_build_agree_on_corpus_files(sim1, 
         for transport in (sim1, plain):
             results.append(_fresh(transport).decode_batch(items))
     gated, ungated = results
-    for name, a, b in zip(files, gated, ungated):
-        ca, cb = a.completion, b.completion
-        assert (ca.status, ca.width, ca.height, ca.bytes_written, ca.symbols, ca.clocks) == \
-            (cb.status, cb.width, cb.height, cb.bytes_written, cb.symbols, cb.clocks), name
-        assert (a.image is None) == (b.image is None) and (a.image is None or (a.image == b.image).all()), name
-        if ca.status == 0 and not name.endswith("(damaged)"):
+    _assert_same_outcomes(files, gated, ungated)
+    for name, a in zip(files, gated):
+        if a.completion.status == 0 and not name.endswith("(damaged)"):
             expected, _ = pillow_rgb(files[name])
             assert np.array_equal(a.image, expected), name
     assert sum(o.completion.status == 0 for o in gated) >= len(picked) // 2
